@@ -1,0 +1,3 @@
+from data.random_data import RandomDataModule
+
+__all__ = ["RandomDataModule"]

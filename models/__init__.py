@@ -1,0 +1,3 @@
+from models.toy import ToyModel
+
+__all__ = ["ToyModel"]

@@ -1,0 +1,163 @@
+"""The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from models import ToyModel
+from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS
+
+
+def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
+    result = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.fast_dev_run=2")
+    assert isinstance(result.model, ToyModel)
+    assert result.trainer.global_step == 2
+    assert torch.isfinite(result.trainer.callback_metrics["val/loss"])
+
+
+def test_data_shapes_are_linked_into_the_model(run_cli):
+    result = run_cli(
+        "fit",
+        "-c",
+        DDP_YAML,
+        *SINGLE_PROCESS,
+        "--trainer.fast_dev_run=1",
+        "--data.init_args.num_features=5",
+        "--data.init_args.num_targets=3",
+    )
+    assert result.model.hparams.in_features == 5
+    assert result.model.hparams.out_features == 3
+
+
+def test_optimizer_is_set_from_yaml(run_cli, tmp_path):
+    override = tmp_path / "sgd.yaml"
+    override.write_text(
+        "model:\n  init_args:\n    optimizer:\n      class_path: torch.optim.SGD\n"
+        "      init_args:\n        lr: 0.05\n        momentum: 0.5\n"
+    )
+    result = run_cli("fit", "-c", DDP_YAML, "-c", str(override), *SINGLE_PROCESS, "--trainer.fast_dev_run=1")
+    optimizer = result.trainer.optimizers[0]
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert optimizer.defaults["lr"] == 0.05 and optimizer.defaults["momentum"] == 0.5
+
+
+def test_any_module_plugs_in_by_class_path(run_cli):
+    result = run_cli(
+        "fit",
+        "--model",
+        "lightning.pytorch.demos.boring_classes.BoringModel",
+        "--data",
+        "lightning.pytorch.demos.boring_classes.BoringDataModule",
+        "--trainer.fast_dev_run=1",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+    )
+    assert type(result.model) is BoringModel
+    assert result.trainer.global_step == 1
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path, subcommand):
+    fit = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_epochs=1", "--trainer.limit_train_batches=8")
+    last = tmp_path / "logs" / "toy" / "version_0" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    trained = fit.model.state_dict()
+
+    result = run_cli(subcommand, "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", str(last))
+    for name, value in result.model.state_dict().items():
+        assert torch.equal(value, trained[name]), name
+    if subcommand == "predict":
+        predictions = result.trainer.predict_loop.predictions
+        assert torch.cat(predictions).shape == (1024, 8)
+    else:
+        stage = "val" if subcommand == "validate" else "test"
+        assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"])
+
+
+def test_rerun_in_the_same_directory_overwrites_the_saved_config(run_cli, tmp_path):
+    args = [
+        "fit",
+        "-c",
+        DDP_YAML,
+        *SINGLE_PROCESS,
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        "--trainer.logger=false",
+        "--trainer.limit_val_batches=0",
+    ]
+    run_cli(*args, "--model.init_args.hidden_features=16")
+    run_cli(*args, "--model.init_args.hidden_features=24")
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["model"]["init_args"]["hidden_features"] == 24
+
+
+def test_every_config_parses_through_the_cli(run_cli, capsys):
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert configs, "no configs found"
+    for config in configs:
+        extra = [] if config.name == "ddp.yaml" else ["-c", str(config)]
+        with pytest.raises(SystemExit) as exit_info:
+            run_cli("fit", "-c", DDP_YAML, *extra, "--print_config")
+        assert exit_info.value.code == 0, config.name
+        printed = yaml.safe_load(capsys.readouterr().out)
+        for section in yaml.safe_load(config.read_text()):
+            assert section in printed, f"{config.name}: {section} missing from the parsed config"
+
+
+def expect_usage_error(run_cli, capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(*args)
+    assert exit_info.value.code != 0
+    return capsys.readouterr().err
+
+
+def test_unknown_yaml_key_is_named(run_cli, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epochz: 3\n")
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
+    assert "trainer.max_epochz" in err
+
+
+def test_unknown_model_argument_is_named(run_cli, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  init_args:\n    hidden_featurez: 3\n")
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
+    assert "hidden_featurez" in err and "is not accepted" in err
+
+
+def test_wrong_type_is_named(run_cli, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_epochs: three\n")
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
+    assert 'Parser key "trainer.max_epochs"' in err and "three" in err
+
+
+def test_missing_config_file_is_named(run_cli, capsys):
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", "configs/missing.yaml")
+    assert "configs/missing.yaml" in err and "does not exist" in err
+
+
+def test_malformed_yaml_names_the_file_and_line(run_cli, capsys, tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("trainer:\n  max_epochs: [1\n")
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
+    assert "config file broken.yaml is not valid YAML" in err and "line 3" in err
+
+
+def test_unresolvable_interpolation_names_the_file(run_cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("TEMPLATE_TEST_UNSET", raising=False)
+    bad = tmp_path / "env.yaml"
+    bad.write_text("trainer:\n  max_epochs: ${oc.env:TEMPLATE_TEST_UNSET}\n")
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
+    assert "config file env.yaml" in err and "TEMPLATE_TEST_UNSET" in err
+
+
+def test_missing_checkpoint_is_named(run_cli, capsys):
+    err = expect_usage_error(run_cli, capsys, "test", "-c", DDP_YAML, "--ckpt_path", "nowhere/last.ckpt")
+    assert "--ckpt_path nowhere/last.ckpt: no such checkpoint file" in err
+
+
+def test_impossible_batch_size_names_the_flag(run_cli, capsys):
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--data.init_args.batch_size=0")
+    assert "data.batch_size must be a positive integer, got 0" in err

@@ -1,0 +1,94 @@
+"""A real 2-process DDP run on gloo, started the way a user starts it: ``python cli.py fit -c configs/ddp.yaml``."""
+
+import re
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from data import RandomDataModule
+from tests.conftest import DDP_YAML, REPO, run_script
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ddp")
+    result = run_script(
+        [
+            str(REPO / "cli.py"),
+            "fit",
+            "-c",
+            DDP_YAML,
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=3",
+            "--trainer.log_every_n_steps=8",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.callbacks+=tests.probe.RankProbe",
+            f"--trainer.callbacks.out_dir={workdir / 'probe'}",
+        ],
+        cwd=workdir,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [torch.load(workdir / "probe" / f"rank{rank}.pt") for rank in range(2)]
+    return workdir, result.stdout + result.stderr, records
+
+
+def test_two_processes_registered_on_gloo(ddp_run):
+    _, output, records = ddp_run
+    assert "distributed_backend=gloo" in output
+    assert "All distributed processes registered. Starting with 2 processes" in output
+    assert [r["global_rank"] for r in records] == [0, 1]
+    assert all(r["world_size"] == 2 and r["backend"] == "gloo" for r in records)
+
+
+def test_ranks_saw_disjoint_shards_covering_the_training_data(ddp_run):
+    _, _, records = ddp_run
+    data = RandomDataModule()
+    data.setup("fit")
+    train_x = data.splits["train"].tensors[0]
+    index_of = {row.numpy().tobytes(): i for i, row in enumerate(train_x)}
+    shards = []
+    for record in records:
+        indices = [index_of[row.numpy().tobytes()] for row in record["inputs"]]
+        assert len(indices) == len(set(indices)), "a rank saw a sample twice in one epoch"
+        shards.append(set(indices))
+    assert not shards[0] & shards[1]
+    assert shards[0] | shards[1] == set(range(len(train_x)))
+
+
+def test_parameters_are_identical_on_every_rank(ddp_run):
+    _, _, records = ddp_run
+    first, second = (r["params"] for r in records)
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_the_loss_fell(ddp_run):
+    workdir, _, _ = ddp_run
+    events = EventAccumulator(str(workdir / "logs" / "toy" / "version_0"))
+    events.Reload()
+    train = [e.value for e in events.Scalars("train/loss")]
+    val = [e.value for e in events.Scalars("val/loss")]
+    assert len(val) == 3
+    assert train[-1] < 0.2 * train[0]
+    assert val[-1] < val[0]
+
+
+def test_outputs_were_written_once_by_rank_zero(ddp_run):
+    workdir, _, records = ddp_run
+    written = sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file())
+    expected = [
+        r"config\.yaml",
+        r"hparams\.yaml",
+        rf"events\.out\.tfevents\.\d+\.[^/]+\.{records[0]['pid']}\.0",  # the pid shows rank 0 wrote it
+        r"checkpoints/last\.ckpt",
+        r"checkpoints/epoch\d{3}-val_loss\d\.\d{4}\.ckpt",
+    ]
+    run_files = [p for p in written if not p.startswith("probe/")]
+    assert len(run_files) == len(expected), run_files
+    for pattern in expected:
+        matches = [p for p in run_files if re.fullmatch(rf"logs/toy/version_0/{pattern}", p)]
+        assert len(matches) == 1, (pattern, run_files)
