@@ -161,3 +161,21 @@ def test_missing_checkpoint_is_named(run_cli, capsys):
 def test_impossible_batch_size_names_the_flag(run_cli, capsys):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--data.init_args.batch_size=0")
     assert "data.batch_size must be a positive integer, got 0" in err
+
+
+def test_main_config_uses_every_gpu_when_there_is_one(run_cli, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit):
+        run_cli("fit", "-c", DDP_YAML, "--print_config")
+    trainer = yaml.safe_load(capsys.readouterr().out)["trainer"]
+    assert trainer["devices"] == "auto" and trainer["accelerator"] == "auto"
+
+
+def test_main_config_starts_two_cpu_processes_without_a_gpu(run_cli, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("NUM_NODES", "3")
+    with pytest.raises(SystemExit):
+        run_cli("fit", "-c", DDP_YAML, "--print_config")
+    trainer = yaml.safe_load(capsys.readouterr().out)["trainer"]
+    assert trainer["devices"] == 2 and trainer["num_nodes"] == 3
+    assert trainer["strategy"]["init_args"]["timeout"] == "0:30:00"
