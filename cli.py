@@ -9,10 +9,10 @@ One node, every visible GPU (or 2 CPU processes on gloo when there is no GPU):
 One node, N GPUs (here 4 of them):
     CUDA_VISIBLE_DEVICES=0,1,2,3 python cli.py fit -c configs/ddp.yaml --trainer.devices=4
 
-N nodes (here 2, each with 4 GPUs): the same command on every node, only NODE_RANK differs:
-    export MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 NUM_NODES=2  # on every node; MASTER_ADDR is node 0
-    NODE_RANK=0 python cli.py fit -c configs/ddp.yaml --trainer.devices=4  # on node 0
-    NODE_RANK=1 python cli.py fit -c configs/ddp.yaml --trainer.devices=4  # on node 1
+N nodes (here 2, each with GPUs 0-3): set MASTER_ADDR in scripts/cluster.env and num_nodes in the
+config, then run the same command on every node, only the node rank differs:
+    ./scripts/run_ddp_train.sh 0,1,2,3 0  # on node 0, the master
+    ./scripts/run_ddp_train.sh 0,1,2,3 1  # on node 1
 
 Evaluate or predict from a checkpoint:
     python cli.py test -c configs/ddp.yaml --ckpt_path logs/toy/version_0/checkpoints/last.ckpt

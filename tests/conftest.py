@@ -1,4 +1,6 @@
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +38,58 @@ def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, ti
         text=True,
         timeout=timeout,
     )
+
+
+def copy_project(dest: Path) -> Path:
+    """A node's own clone of the project (tracked and new files, no logs or caches), as on a real cluster."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name in filter(None, listed.stdout.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
+    tag = f"{os.getpid() % 100000}"
+    hosts = [
+        {"netns": f"ddp{tag}a", "interface": f"vddp{tag}a", "address": "10.231.0.1"},
+        {"netns": f"ddp{tag}b", "interface": f"vddp{tag}b", "address": "10.231.0.2"},
+    ]
+    a, b = hosts
+    setup = [
+        ["ip", "netns", "add", a["netns"]],
+        ["ip", "netns", "add", b["netns"]],
+        ["ip", "link", "add", a["interface"], "type", "veth", "peer", "name", b["interface"]],
+    ]
+    for host in hosts:
+        setup += [
+            ["ip", "link", "set", host["interface"], "netns", host["netns"]],
+            ["ip", "-n", host["netns"], "addr", "add", f"{host['address']}/24", "dev", host["interface"]],
+            ["ip", "-n", host["netns"], "link", "set", host["interface"], "up"],
+            ["ip", "-n", host["netns"], "link", "set", "lo", "up"],
+        ]
+    try:
+        for command in setup:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                pytest.skip(f"cannot create network namespaces here ({' '.join(command)}: {done.stderr.strip()})")
+        yield hosts
+    finally:
+        for host in hosts:
+            subprocess.run(["ip", "netns", "delete", host["netns"]], capture_output=True)
