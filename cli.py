@@ -15,12 +15,14 @@ config, then run the same command on every node, only the node rank differs:
     ./scripts/run_ddp_train.sh 0,1,2,3 1  # on node 1
 
 Evaluate or predict from a checkpoint:
-    python cli.py test -c configs/ddp.yaml --ckpt_path logs/toy/version_0/checkpoints/last.ckpt
+    python cli.py test -c configs/ddp.yaml --ckpt_path logs/toy/default/checkpoints/last.ckpt
 
 Any other module plugs in without editing this file:
     python cli.py fit --model my_package.MyModel --data my_package.MyData --trainer.max_epochs=1
 """
 
+import os
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -31,8 +33,14 @@ from jsonargparse import set_loader
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from training import AtomicCheckpointIO, PreemptionCheckpoint, RNGStateCheckpoint, StartupError
+from training.fingerprint import checkpoint_fact, code_digest, config_items
+from training.resume import checkpoint_dir, checkpoint_progress, find_last_checkpoint
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -62,6 +70,8 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
 
 
 class CLI(LightningCLI):
+    resumed_step: int | None = None
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes come from the data, so a config never states them twice. jsonargparse skips these
         # links for a model or data module without the attributes.
@@ -69,8 +79,15 @@ class CLI(LightningCLI):
         parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand]
+        # Unpickling a checkpoint can run any code it carries; plain tensors and types cannot.
+        if config.get("weights_only") is None:
+            config["weights_only"] = True
+        # validate/test/predict log into the run too; their configs must not overwrite the training one.
+        name = "config.yaml" if self.subcommand == "fit" else f"{self.subcommand}-config.yaml"
+        self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         # Without this, a mistyped path surfaces as a FileNotFoundError traceback from every rank.
-        ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+        ckpt_path = config.get("ckpt_path")
         if ckpt_path in (None, "last", "best", "hpc") or ckpt_path.startswith("registry"):
             return
         if not get_filesystem(ckpt_path).isfile(ckpt_path):
@@ -83,18 +100,76 @@ class CLI(LightningCLI):
         except ValueError as error:
             self.parser.error(str(error))
 
+    def after_instantiate_classes(self) -> None:
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = AtomicCheckpointIO()
+
+    def before_fit(self) -> None:
+        """Run the same command again and it continues the run (same checkpoint directory) where it stopped."""
+        config = self.config_init[self.subcommand]
+        last = find_last_checkpoint(self.trainer) if config["ckpt_path"] is None else None
+        if last is not None:
+            config["ckpt_path"] = str(last)
+            epoch, self.resumed_step = checkpoint_progress(last)
+            rank_zero_info(f"Resuming from {last} (epoch {epoch}, step {self.resumed_step}).")
+            # Expected when resuming into the run's own directory.
+            warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
+        self.share_facts()
+
+    def fit(self, model: Any, **kwargs: Any) -> None:
+        try:
+            self.trainer.fit(model, **kwargs)
+        except RuntimeError as error:
+            if self.resumed_step is None or "Error(s) in loading state_dict" not in str(error):
+                raise
+            raise StartupError(
+                f"the run's checkpoint {kwargs['ckpt_path']} holds another model than the config builds now "
+                f"({str(error).splitlines()[1].strip()}). To resume, restore the model settings of that run; to "
+                "train the changed model, start a new run with RUN_ID=<new id>."
+            ) from error
+
+    def after_fit(self) -> None:
+        if self.resumed_step is not None and self.trainer.global_step == self.resumed_step:
+            rank_zero_info(
+                f"Nothing to train: the run in {checkpoint_dir(self.trainer).parent} already reached its end "
+                f"(epoch {self.trainer.current_epoch}, step {self.trainer.global_step}; trainer.max_epochs="
+                f"{self.trainer.max_epochs}, trainer.max_steps={self.trainer.max_steps}). Raise those to train "
+                "longer, or set RUN_ID to start a new run."
+            )
+
+    def share_facts(self) -> None:
+        """What every node must agree on, checked by the DDP start-up handshake."""
+        if hasattr(self.trainer.strategy, "startup_facts"):
+            self.trainer.strategy.startup_facts.update(
+                {
+                    "config": config_items(self.config[self.subcommand]),
+                    "project code": code_digest(),
+                    "checkpoint": checkpoint_fact(self.config_init[self.subcommand].get("ckpt_path")),
+                }
+            )
+
+    before_validate = before_test = before_predict = share_facts
+
 
 def main(args: list[str] | None = None) -> CLI:
     OmegaConf.register_resolver("gpus_or", gpus_or, replace=True)
     set_loader("omegaconf", naming_the_file(get_omegaconf_loader("omegaconf")), (yaml.YAMLError,))
-    return CLI(
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        auto_configure_optimizers=False,
-        parser_kwargs={"parser_mode": "omegaconf"},
-        save_config_kwargs={"overwrite": True},
-        args=args,
-    )
+    try:
+        return CLI(
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            auto_configure_optimizers=False,
+            trainer_defaults={"callbacks": [RNGStateCheckpoint(), PreemptionCheckpoint()]},
+            parser_kwargs={"parser_mode": "omegaconf"},
+            save_config_kwargs={"overwrite": True},
+            args=args,
+        )
+    except StartupError as error:
+        # Every process of the job stops with the same paragraph: one copy per node is enough.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import DataLoader, Dataset, default_convert
 
+from data.resumable import ResumableDataLoader
+
 
 class TensorBatchDataset(Dataset):
     """Tensors indexed together; ``__getitems__`` lets the DataLoader fetch a batch with one indexing op.
@@ -90,18 +92,25 @@ class RandomDataModule(LightningDataModule):
         for name, xs, ys in zip(("train", "val", "test"), x.split(sizes), y.split(sizes), strict=True):
             self.splits[name] = TensorBatchDataset(xs, ys)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        pin_memory = isinstance(self.trainer.accelerator, CUDAAccelerator) if self.trainer else False
-        return batch_loader(self.splits[split], self.batch_size, shuffle, pin_memory)
+    @property
+    def _pin_memory(self) -> bool:
+        return isinstance(self.trainer.accelerator, CUDAAccelerator) if self.trainer else False
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        return ResumableDataLoader(
+            self.splits["train"],
+            self.batch_size,
+            self.trainer,
+            shuffle=True,
+            collate_fn=default_convert,
+            pin_memory=self._pin_memory,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return batch_loader(self.splits["val"], self.batch_size, shuffle=False, pin_memory=self._pin_memory)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return batch_loader(self.splits["test"], self.batch_size, shuffle=False, pin_memory=self._pin_memory)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return batch_loader(self.splits["test"], self.batch_size, shuffle=False, pin_memory=self._pin_memory)

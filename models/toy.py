@@ -15,6 +15,7 @@ class ToyModel(LightningModule):
         in_features: input width. cli.py links it from ``data.num_features``.
         hidden_features: width of the hidden layer.
         out_features: output width. cli.py links it from ``data.num_targets``.
+        dropout: dropout probability after the hidden layer.
         optimizer: optimizer class and arguments, e.g. in YAML
             ``optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}``.
     """
@@ -24,6 +25,7 @@ class ToyModel(LightningModule):
         in_features: int = 32,
         hidden_features: int = 128,
         out_features: int = 8,
+        dropout: float = 0.0,
         optimizer: OptimizerCallable = torch.optim.Adam,
     ) -> None:
         super().__init__()
@@ -31,6 +33,7 @@ class ToyModel(LightningModule):
         self.net = nn.Sequential(
             nn.Linear(in_features, hidden_features),
             nn.ReLU(),
+            nn.Dropout(dropout),
             nn.Linear(hidden_features, out_features),
         )
         self.optimizer = optimizer

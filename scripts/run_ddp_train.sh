@@ -13,7 +13,8 @@
 #   CLUSTER_ENV=path    the settings file (default: scripts/cluster.env)
 #   NUM_NODES=N         overrides trainer.num_nodes of the config (printed when used)
 #   LAUNCHER=torchrun   start the processes with torchrun (c10d rendezvous) instead of Lightning
-#   MAX_RESTARTS=0      with LAUNCHER=torchrun: how often torchrun restarts failed workers
+#   MAX_RESTARTS=3      with LAUNCHER=torchrun: how often torchrun restarts all workers after one fails
+#   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
 #   DRY_RUN=1           print this node's environment and command, then exit
 #   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM to training and killing it
 #   PYTHON=python       the Python interpreter
@@ -119,16 +120,15 @@ launch_processes() {
     grep -lxzF "DDP_LAUNCH_ID=$launch_id" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | paste -sd ' ' - || true
 }
 
-# Send $1 to every process of this launch; whatever still runs after STOP_TIMEOUT gets SIGKILL.
+# Send signal $1 to the pids in $3, then SIGKILL whatever of this launch still runs after STOP_TIMEOUT.
 # shellcheck disable=SC2329  # called from traps
 stop_launch() {
-    local signal=$1 why=$2 pids deadline
-    pids=$(launch_processes)
-    [[ -n $pids ]] || return 0
-    echo "node $NODE_RANK: $why: sending SIG$signal to $pids" >&2
+    local signal=$1 why=$2 targets=$3 deadline pids
+    [[ -n $targets ]] || return 0
+    echo "node $NODE_RANK: $why: sending SIG$signal to $targets" >&2
     # shellcheck disable=SC2086  # one pid per word
-    kill -s "$signal" $pids 2>/dev/null || true
-    trap 'stop_launch KILL "interrupted again"' INT TERM
+    kill -s "$signal" $targets 2>/dev/null || true
+    trap 'stop_launch KILL "interrupted again" "$(launch_processes)"' INT TERM
     deadline=$((SECONDS + STOP_TIMEOUT))
     while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
         sleep 0.5
@@ -141,9 +141,18 @@ stop_launch() {
     fi
 }
 
+# The signal goes to the process this script started, which passes it on exactly once to the processes it
+# started itself (Lightning's rank 0 to its local ranks, torchrun to its workers): Lightning's SIGTERM
+# handling expects every rank to receive one SIGTERM, then checkpoints and stops them all together.
+# shellcheck disable=SC2329  # called from traps
+forward() {
+    trapped=1
+    stop_launch "$1" "$2" "$(kill -0 "$child" 2>/dev/null && echo "$child")"
+}
+
 # shellcheck disable=SC2329  # called from traps
 on_exit() {
-    stop_launch KILL "exiting"
+    stop_launch KILL "exiting" "$(launch_processes)"
     [[ -z ${fifo_dir:-} ]] || rm -rf "$fifo_dir"
 }
 
@@ -153,7 +162,7 @@ NODE_RANK=$2
 shift 2
 
 LAUNCHER=${LAUNCHER:-lightning}
-MAX_RESTARTS=${MAX_RESTARTS:-0}
+MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
 PYTHON=${PYTHON:-python}
 CLUSTER_ENV=${CLUSTER_ENV:-scripts/cluster.env}
@@ -232,11 +241,32 @@ GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$interface}
 export CUDA_VISIBLE_DEVICES=$visible_devices # even when empty: cpu:N hides every GPU
 export_keys+=(NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES)
 
+if [[ -n ${DEBUG:-} && $DEBUG != 0 ]]; then
+    export TORCH_DISTRIBUTED_DEBUG=DETAIL
+    export TORCH_CPP_LOG_LEVEL=INFO
+    export TORCH_SHOW_CPP_STACKTRACES=1
+    export NCCL_DEBUG=INFO
+    # NCCL's flight recorder: on a collective timeout every rank dumps its last collectives to LOG_DIR.
+    export TORCH_NCCL_DUMP_ON_TIMEOUT=1
+    export TORCH_FR_BUFFER_SIZE=20000
+    export TORCH_NCCL_TRACE_BUFFER_SIZE=$TORCH_FR_BUFFER_SIZE
+    export TORCH_FR_DUMP_TEMP_FILE=$project/$LOG_DIR/nccl_trace_node${NODE_RANK}_rank_
+    export TORCH_NCCL_DESYNC_DEBUG=1
+    export_keys+=(TORCH_DISTRIBUTED_DEBUG TORCH_CPP_LOG_LEVEL TORCH_SHOW_CPP_STACKTRACES NCCL_DEBUG
+        TORCH_NCCL_DUMP_ON_TIMEOUT TORCH_FR_BUFFER_SIZE TORCH_NCCL_TRACE_BUFFER_SIZE TORCH_FR_DUMP_TEMP_FILE
+        TORCH_NCCL_DESYNC_DEBUG)
+fi
+
 if [[ $LAUNCHER == torchrun ]]; then
     # torchrun would set OMP_NUM_THREADS=1; share this node's cores among its processes instead.
     threads=$(($(nproc) / procs_per_node))
-    OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
-    export_keys+=(OMP_NUM_THREADS)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((threads > 0 ? threads : 1))}
+    # torchrun keeps one TCPStore across restarts of the workers; the restarted ones would read the
+    # addresses of the dead ones from it and fail with "Gloo connectFullMesh failed ... Connection refused".
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    # torchrun's own log level: INFO shows the rendezvous and every restart of the workers.
+    export LOGLEVEL=${LOGLEVEL:-INFO}
+    export_keys+=(OMP_NUM_THREADS TORCH_DISABLE_SHARE_RDZV_TCP_STORE LOGLEVEL)
     command=("$PYTHON" -m torch.distributed.run
         "--nnodes=$num_nodes" "--nproc-per-node=$procs_per_node"
         --rdzv-backend=c10d "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" --rdzv-id=ddp
@@ -282,8 +312,8 @@ launch_id="$(hostname)-$$-$(date +%s%N)"
 } | tee -a "$log_file"
 
 trap on_exit EXIT
-trap 'stop_launch INT "interrupted, stopping training"' INT
-trap 'stop_launch TERM "terminated, stopping training"' TERM
+trap 'forward INT "interrupted, stopping training"' INT
+trap 'forward TERM "terminated, stopping training"' TERM
 fifo_dir=$(mktemp -d)
 mkfifo "$fifo_dir/output"
 tee -ia "$log_file" <"$fifo_dir/output" &
@@ -292,9 +322,10 @@ tee_pid=$!
 setsid env "DDP_LAUNCH_ID=$launch_id" "${command[@]}" >"$fifo_dir/output" 2>&1 </dev/null &
 child=$!
 
-status=0
-wait "$child" || status=$?
-while kill -0 "$child" 2>/dev/null; do # a trapped signal interrupted the wait
+# A trapped signal ends `wait` early with 128+signal; wait again for the status training exited with.
+trapped=1
+while ((trapped)); do
+    trapped=0
     status=0
     wait "$child" || status=$?
 done
@@ -304,7 +335,7 @@ deadline=$((SECONDS + STOP_TIMEOUT))
 while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
     sleep 0.5
 done
-stop_launch TERM "training exited, stopping processes it left running"
+stop_launch TERM "training exited, stopping processes it left running" "$(launch_processes)"
 wait "$tee_pid" || true
 if ((status != 0)); then
     echo "node $NODE_RANK: training exited with status $status; its output is in $log_file" >&2

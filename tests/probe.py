@@ -1,6 +1,7 @@
-"""A callback the DDP tests add on the command line to record what each rank did."""
+"""Callbacks the tests add on the command line to observe or pace a real run."""
 
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -32,3 +33,17 @@ class RankProbe(Callback):
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
         }
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+class SlowDown(Callback):
+    """Sleeps after every training batch and writes the global step to ``progress_file``, so a test can
+    interrupt a run at a known point in the middle of an epoch."""
+
+    def __init__(self, seconds: float, progress_file: str) -> None:
+        self.seconds = seconds
+        self.progress_file = Path(progress_file)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        time.sleep(self.seconds)
+        if trainer.global_rank == 0:
+            self.progress_file.write_text(str(trainer.global_step))

@@ -68,7 +68,7 @@ def test_parameters_are_identical_on_every_rank(ddp_run):
 
 def test_the_loss_fell(ddp_run):
     workdir, _, _ = ddp_run
-    events = EventAccumulator(str(workdir / "logs" / "toy" / "version_0"))
+    events = EventAccumulator(str(workdir / "logs" / "toy" / "default"))
     events.Reload()
     train = [e.value for e in events.Scalars("train/loss")]
     val = [e.value for e in events.Scalars("val/loss")]
@@ -90,5 +90,5 @@ def test_outputs_were_written_once_by_rank_zero(ddp_run):
     run_files = [p for p in written if not p.startswith("probe/")]
     assert len(run_files) == len(expected), run_files
     for pattern in expected:
-        matches = [p for p in run_files if re.fullmatch(rf"logs/toy/version_0/{pattern}", p)]
+        matches = [p for p in run_files if re.fullmatch(rf"logs/toy/default/{pattern}", p)]
         assert len(matches) == 1, (pattern, run_files)

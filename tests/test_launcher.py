@@ -5,65 +5,26 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from data import RandomDataModule
+from tests.cluster import (
+    check_four_ranks,
+    finish,
+    launch,
+    launcher_env,
+    probe_args,
+    processes_in,
+    wait_for_line,
+    written_files,
+)
 from tests.conftest import copy_project, free_port
 
 pytestmark = pytest.mark.distributed
 
 QUICK_RUN = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false"]
-
-
-def launcher_env(**settings: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MASTER_", "NUM_NODES"))}
-    return {**env, "PYTHON": sys.executable, **settings}
-
-
-def launch(node: Path, gpus: str, rank: int | str, *extra: str, netns: str | None = None, **settings: str):
-    command = [str(node / "scripts" / "run_ddp_train.sh"), gpus, str(rank), *extra]
-    if netns:
-        command = ["ip", "netns", "exec", netns, *command]
-    return subprocess.Popen(
-        command, env=launcher_env(**settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-
-
-def finish(process: subprocess.Popen, timeout: float = 240) -> str:
-    output, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, output
-    return output
-
-
-def probe_args(out_dir: Path) -> list[str]:
-    return ["--trainer.callbacks+=tests.probe.RankProbe", f"--trainer.callbacks.out_dir={out_dir}"]
-
-
-def check_four_ranks(probe_dir: Path) -> list[dict]:
-    """World size 4, two ranks per node, disjoint shards covering the data, identical parameters."""
-    records = [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(4)]
-    assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [(i, 4, "gloo") for i in range(4)]
-    assert sorted((r["node_rank"], r["local_rank"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-
-    data = RandomDataModule()
-    data.setup("fit")
-    index_of = {row.numpy().tobytes(): i for i, row in enumerate(data.splits["train"].tensors[0])}
-    shards = [{index_of[row.numpy().tobytes()] for row in r["inputs"]} for r in records]
-    assert sum(len(s) for s in shards) == len(index_of) and set().union(*shards) == set(index_of.values())
-
-    for record in records[1:]:
-        for name, value in records[0]["params"].items():
-            assert torch.equal(value, record["params"][name]), name
-    return records
-
-
-def written_files(node: Path) -> list[str]:
-    return sorted(p.relative_to(node).as_posix() for p in (node / "logs").rglob("*") if p.is_file())
 
 
 def test_two_nodes_over_loopback(tmp_path):
@@ -79,7 +40,7 @@ def test_two_nodes_over_loopback(tmp_path):
     assert "NUM_NODES=2 from the environment overrides trainer.num_nodes" in master_output
     assert "All distributed processes registered. Starting with 4 processes" in master_output
     assert "GLOO_SOCKET_IFNAME=lo" in master_output
-    assert any(p.startswith("logs/toy/version_0/checkpoints/") for p in written_files(nodes[0]))
+    assert any(p.startswith("logs/toy/default/checkpoints/") for p in written_files(nodes[0]))
     assert written_files(nodes[1]) == ["logs/nodes/node1.log"]
     node_log = (nodes[1] / "logs" / "nodes" / "node1.log").read_text()
     assert "Initializing distributed: GLOBAL_RANK: 3, MEMBER: 4/4" in node_log
@@ -160,27 +121,6 @@ def test_dry_run_keeps_an_explicit_nccl_interface_and_builds_the_torchrun_comman
     assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=3 --rdzv-backend=c10d" in command
     assert "--rdzv-endpoint=127.0.0.1:29500" in command and "--max-restarts=2" in command
     assert command.endswith("cli.py fit -c configs/ddp.yaml --trainer.accelerator=cpu --trainer.devices=3")
-
-
-def processes_in(directory: Path) -> list[int]:
-    """Processes whose working directory is inside ``directory``."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")).is_relative_to(directory):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
-
-
-def wait_for_line(log: Path, text: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and text in log.read_text():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{text!r} never appeared in {log}")
 
 
 def start_long_run(node: Path, **settings: str) -> subprocess.Popen:

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from tests.cluster import check_four_ranks, probe_args
 from tests.conftest import REPO, copy_project
-from tests.test_launcher import check_four_ranks, probe_args
 
 pytestmark = pytest.mark.distributed
 
@@ -68,4 +68,4 @@ def test_job_trains_on_every_task_slurm_starts(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     check_four_ranks(tmp_path / "probe")
-    assert (project / "logs" / "toy" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert (project / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").is_file()

@@ -1,0 +1,60 @@
+"""A training DataLoader that continues a partly trained epoch exactly where a checkpoint left it."""
+
+import itertools
+import os
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+class ResumableSampler(DistributedSampler):
+    """A DistributedSampler (for one process too) that can leave out the batches a resumed epoch already trained on.
+
+    The order depends only on the seed and the epoch, never on the global random state, so an interrupted
+    run and an uninterrupted one draw the same samples in the same order.
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.batch_size = batch_size
+        self.skip_batches = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip_batches = self.skip_batches, 0
+        return itertools.islice(super().__iter__(), skip * self.batch_size, None)
+
+
+class ResumableDataLoader(DataLoader):
+    """Shuffles and shards like Lightning's DistributedSampler, and keeps its place in the epoch in checkpoints.
+
+    Lightning stores ``state_dict()`` in every checkpoint and passes it to ``load_state_dict()`` before the
+    resumed epoch starts. The state is the number of batches the trainer finished in the current epoch (the
+    trainer's count, not the loader's, which runs a batch ahead); the resumed epoch then skips that many
+    batches of indices, without loading them, so no sample is seen twice or skipped.
+
+    Starting an epoch draws no number from the global generator (a DataLoader normally draws its workers'
+    seed from it), so a resumed run's dropout masks continue exactly where the checkpoint left them.
+    """
+
+    def __init__(self, dataset: Sized, batch_size: int, trainer: Trainer | None, shuffle: bool = True, **kwargs: Any):
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        # The seed Lightning gives its own DistributedSampler, so the order matches a plain DataLoader under DDP.
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        sampler = ResumableSampler(dataset, batch_size, world_size, rank, shuffle, seed)
+        super().__init__(dataset, batch_size=batch_size, sampler=sampler, generator=torch.Generator(), **kwargs)
+        self.trainer = trainer
+
+    def __iter__(self) -> Iterator[Any]:
+        self.generator.manual_seed(self.sampler.seed + self.sampler.epoch)
+        return super().__iter__()
+
+    def state_dict(self) -> dict[str, int]:
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"batches_done": progress.processed, "batches_in_epoch": int(self.trainer.num_training_batches)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["batches_done"] < state["batches_in_epoch"]:
+            self.sampler.skip_batches = state["batches_done"]

@@ -1,0 +1,183 @@
+"""The start-up handshake of a distributed job.
+
+Every process reports to global rank 0 (its node, host and settings) through the job's TCPStore before the
+process group starts. Rank 0 checks that everybody arrived and that all agree, and otherwise stops the whole
+job with one paragraph naming who is missing or what differs, instead of a hang or a bare store timeout.
+"""
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import Store
+
+PREFIX = "startup"
+# How long the other processes wait for rank 0's verdict beyond the join timeout itself.
+VERDICT_GRACE = timedelta(seconds=30)
+
+FIXES = {
+    "num_nodes": "set trainer.num_nodes (or NUM_NODES) to the same value on every node",
+    "devices per node": "start every node with the same number of GPUs (or cpu:N processes)",
+    "torch": "install the same requirements.txt on every node",
+    "lightning": "install the same requirements.txt on every node",
+    "project code": "check out the same commit on every node (git status shows local edits)",
+    "config": "start every node with the same config files and arguments (each node's log starts with its command)",
+    "checkpoint": "keep logs/ on storage every node shares, or copy the checkpoint to the same path on every node",
+}
+
+
+class StartupError(RuntimeError):
+    """A distributed job that cannot start, explained in one paragraph."""
+
+
+@dataclass
+class Member:
+    """What one process reports about itself."""
+
+    node_rank: int
+    local_rank: int
+    host: str
+    pid: int
+    facts: dict[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"node {self.node_rank} ({self.host})"
+
+
+def handshake(
+    store: Store,
+    me: Member,
+    *,
+    num_nodes: int,
+    devices: int,
+    timeout: timedelta,
+    address: str,
+    leader: bool,
+    fail_fast: bool = True,
+) -> list[Member]:
+    """Report ``me`` and return every process of the job in (node, local rank) order, or raise StartupError.
+
+    ``leader`` (global rank 0) waits up to ``timeout`` for ``num_nodes * devices`` processes. With
+    ``fail_fast`` it stops at the first process that disagrees; otherwise it waits for all and names every
+    difference. The other processes receive the leader's verdict, so every node stops with the same words.
+    """
+    index = store.add(f"{PREFIX}/count", 1) - 1
+    store.set(f"{PREFIX}/member/{index}", json.dumps(asdict(me)))
+    if leader:
+        try:
+            members = _gather(store, me, num_nodes, devices, timeout, address, fail_fast)
+        except StartupError as error:
+            store.set(f"{PREFIX}/verdict", json.dumps({"error": str(error)}))
+            raise
+        store.set(f"{PREFIX}/verdict", json.dumps({"members": [asdict(m) for m in members]}))
+        return members
+    try:
+        store.wait([f"{PREFIX}/verdict"], timeout + VERDICT_GRACE)
+    except RuntimeError as error:  # torch's DistStoreError and DistNetworkError derive from it
+        raise StartupError(
+            f"{me.where}: no word from global rank 0 within {timeout + VERDICT_GRACE} after joining at {address}. "
+            "Node 0 stopped or lost the connection: its log says why."
+        ) from error
+    verdict = json.loads(store.get(f"{PREFIX}/verdict"))
+    if "error" in verdict:
+        raise StartupError(verdict["error"])
+    return [Member(**member) for member in verdict["members"]]
+
+
+def _gather(
+    store: Store, leader: Member, num_nodes: int, devices: int, timeout: timedelta, address: str, fail_fast: bool
+) -> list[Member]:
+    expected = {(node, local) for node in range(num_nodes) for local in range(devices)}
+    arrived: dict[tuple[int, int], Member] = {}
+    problems: list[str] = []
+    read = 0
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        count = store.add(f"{PREFIX}/count", 0)
+        for index in range(read, count):
+            member = Member(**json.loads(store.get(f"{PREFIX}/member/{index}")))
+            found = _check(member, leader, arrived, num_nodes)
+            if not found:
+                arrived[(member.node_rank, member.local_rank)] = member
+            problems.extend(p for p in found if p not in problems)
+            if found and fail_fast:
+                raise StartupError(_disagreement(problems))
+        read = count
+        if expected <= arrived.keys():
+            if problems:
+                raise StartupError(_disagreement(problems))
+            return [arrived[key] for key in sorted(arrived)]
+        if time.monotonic() > deadline:
+            raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems))
+        time.sleep(0.05)
+
+
+def _check(member: Member, leader: Member, arrived: dict[tuple[int, int], Member], num_nodes: int) -> list[str]:
+    differences = [_difference(key, leader, member) for key in sorted(leader.facts.keys() | member.facts.keys())]
+    if any(differences):
+        return [d for d in differences if d]
+    twin = arrived.get((member.node_rank, member.local_rank))
+    if twin is not None:
+        return [
+            f"node rank {member.node_rank} was started twice, on {twin.host} (pid {twin.pid}) and on "
+            f"{member.host} (pid {member.pid}): give every node its own NODE_RANK"
+        ]
+    if member.node_rank >= num_nodes:
+        return [
+            f"{member.where} arrived, but the job has num_nodes={num_nodes} (node ranks 0..{num_nodes - 1}): "
+            "check NODE_RANK on that node"
+        ]
+    return []
+
+
+def _difference(key: str, leader: Member, member: Member) -> str:
+    ours, theirs = leader.facts.get(key), member.facts.get(key)
+    if ours == theirs:
+        return ""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k} ({ours.get(k, 'unset')} vs {theirs.get(k, 'unset')})" for k in keys[:5])
+        more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+        return f"{key} differs between {leader.where} and {member.where}: {shown}{more}"
+    return f"{key}: {leader.where} has {ours}, {member.where} has {theirs}"
+
+
+def _disagreement(problems: list[str]) -> str:
+    fixes = [fix for key, fix in FIXES.items() if any(p.startswith(key) for p in problems)]
+    to_fix = f" To fix: {'; '.join(dict.fromkeys(fixes))}." if fixes else ""
+    return f"the job cannot start, its processes disagree: {'; '.join(problems)}.{to_fix}"
+
+
+def _missing(
+    arrived: dict[tuple[int, int], Member],
+    num_nodes: int,
+    devices: int,
+    timeout: timedelta,
+    address: str,
+    problems: list[str],
+) -> str:
+    absent_nodes = [node for node in range(num_nodes) if not any(n == node for n, _ in arrived)]
+    parts = [f"the job cannot start: only {len(arrived)} of {num_nodes * devices} processes joined within {timeout}"]
+    if absent_nodes:
+        parts.append(f"node rank{'s' if len(absent_nodes) > 1 else ''} {_listed(absent_nodes)} never arrived")
+    for node in sorted({n for n, _ in arrived}):
+        missing = [local for local in range(devices) if (node, local) not in arrived]
+        if missing:
+            parts.append(
+                f"node {node} lacks local rank{'s' if len(missing) > 1 else ''} {_listed(missing)} "
+                "(a process there stopped before joining)"
+            )
+    parts.extend(problems)
+    return (
+        "; ".join(parts)
+        + f". Check that every node was started with MASTER_ADDR and MASTER_PORT pointing at {address}, that the "
+        "master's firewall lets the other nodes reach that port, and the log of each missing node "
+        "(logs/nodes/node<RANK>.log on that machine)."
+    )
+
+
+def _listed(numbers: list[int]) -> str:
+    return ", ".join(str(n) for n in numbers)
