@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.optim import Optimizer
 
 
 class RankProbe(Callback):
@@ -45,3 +46,37 @@ class RankProbe(Callback):
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
         }
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+class OptimizerStepProbe(Callback):
+    """Records, for every optimizer step, the batches it took and the gradient norm before and after clipping.
+
+    Lightning runs forward, backward, ``on_before_optimizer_step`` and then clipping inside ``optimizer.step``;
+    the optimizer's post-hook sees the gradients the update used.
+    """
+
+    def __init__(self) -> None:
+        self.batches_per_step: list[int] = []
+        self.norms_before_clipping: list[float] = []
+        self.norms_used: list[float] = []
+        self.batches_since_step = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_post_hook(self.record_step)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.batches_since_step += 1
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        self.norms_before_clipping.append(gradient_norm(optimizer))
+
+    def record_step(self, optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
+        self.norms_used.append(gradient_norm(optimizer))
+        self.batches_per_step.append(self.batches_since_step)
+        self.batches_since_step = 0
+
+
+def gradient_norm(optimizer: Optimizer) -> float:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads))
