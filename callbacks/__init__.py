@@ -1,0 +1,3 @@
+from callbacks.unused_parameters import UnusedParameterCheck
+
+__all__ = ["UnusedParameterCheck"]
