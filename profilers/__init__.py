@@ -1,0 +1,3 @@
+from profilers.scheduled import ScheduledProfiler
+
+__all__ = ["ScheduledProfiler"]
