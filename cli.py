@@ -73,8 +73,12 @@ class CLI(LightningCLI):
         ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
         if ckpt_path in (None, "last", "best", "hpc") or ckpt_path.startswith("registry"):
             return
-        if not get_filesystem(ckpt_path).isfile(ckpt_path):
-            self.parser.error(f"--ckpt_path {ckpt_path}: no such checkpoint file. Give the path of a .ckpt file.")
+        # A sharded checkpoint (configs/fsdp.yaml) is a directory.
+        if not get_filesystem(ckpt_path).exists(ckpt_path):
+            self.parser.error(
+                f"--ckpt_path {ckpt_path}: no such checkpoint file or directory. Give the path of a .ckpt file, "
+                "or of the directory of a sharded checkpoint."
+            )
 
     def instantiate_classes(self) -> None:
         # A constructor rejecting its arguments is a config error: report it like one, without a traceback.

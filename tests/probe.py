@@ -48,6 +48,19 @@ class RankProbe(Callback):
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
+class MetricProbe(Callback):
+    """Saves the metrics of the latest validation run as ``metrics.pt`` in ``out_dir``, from global rank 0."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            metrics = {name: float(value) for name, value in trainer.callback_metrics.items()}
+            torch.save(metrics, self.out_dir / "metrics.pt")
+
+
 class OptimizerStepProbe(Callback):
     """Records, for every optimizer step, the batches it took and the gradient norm before and after clipping.
 
