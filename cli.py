@@ -14,6 +14,9 @@ config, then run the same command on every node, only the node rank differs:
     ./scripts/run_ddp_train.sh 0,1,2,3 0  # on node 0, the master
     ./scripts/run_ddp_train.sh 0,1,2,3 1  # on node 1
 
+Add training features, one YAML file each (mixed precision, accumulation, profiling, FSDP; see README.md):
+    python cli.py fit -c configs/ddp.yaml -c configs/bf16.yaml -c configs/accumulate.yaml
+
 Evaluate or predict from a checkpoint:
     python cli.py test -c configs/ddp.yaml --ckpt_path logs/toy/version_0/checkpoints/last.ckpt
 
