@@ -57,3 +57,8 @@ class ScheduledProfiler(PyTorchProfiler):
             profile_memory=profile_memory,
             with_stack=with_stack,
         )
+
+    def __del__(self) -> None:
+        # When __init__ rejected its arguments, the base class never set up what its __del__ tears down.
+        if hasattr(self, "_stage"):
+            super().__del__()

@@ -48,6 +48,7 @@ def test_each_rank_writes_a_trace_of_the_active_steps(tmp_path):
 
 
 @pytest.mark.parametrize("setting", ["active=0", "wait=-1"])
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # nothing fails later in __del__
 def test_an_impossible_schedule_names_the_setting(setting):
     name, value = setting.split("=")
     with pytest.raises(ValueError, match=f"trainer.profiler.{name} must be"):
