@@ -10,9 +10,9 @@ class UnusedParameterCheck(Callback):
     DDP with ``find_unused_parameters: false`` waits for a gradient of every parameter; when one gets
     none, the next step fails with "Expected to have finished reduction in the prior iteration", which
     Lightning rewords without naming any parameter. This check stops one step earlier, names the
-    parameters and gives the fix. It does nothing without DDP or with ``find_unused_parameters: true``,
-    and costs one pass over the parameters, once. A parameter that goes unused only in later steps
-    still meets DDP's error.
+    parameters and gives the fix. It does nothing without DDP, with ``find_unused_parameters: true`` or
+    with ``static_graph: true``, and costs one pass over the parameters, once. A parameter that goes
+    unused only in later steps still meets DDP's error.
     """
 
     def __init__(self) -> None:
@@ -23,7 +23,8 @@ class UnusedParameterCheck(Callback):
             return
         self.checked = True
         ddp = trainer.model
-        if not isinstance(ddp, DistributedDataParallel) or ddp.find_unused_parameters:
+        # With static_graph, DDP learns in the first step which parameters go unused.
+        if not isinstance(ddp, DistributedDataParallel) or ddp.find_unused_parameters or ddp.static_graph:
             return
         unused = [name for name, p in pl_module.named_parameters() if p.requires_grad and p.grad is None]
         if unused:

@@ -1,10 +1,13 @@
 """A model with a head that gets no gradient, in a real 2-process DDP run: a clear stop, or training with the switch."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from callbacks import UnusedParameterCheck
 from models import AuxHeadModel
 from tests.conftest import DDP_YAML, REPO, run_script
 
@@ -60,3 +63,36 @@ def test_the_head_gets_gradients_only_with_a_positive_aux_weight(aux_weight):
         model.training_step(batch, 0).backward()
     no_grad = {name for name, p in model.named_parameters() if p.grad is None}
     assert no_grad == ({"aux_head.weight", "aux_head.bias"} if aux_weight == 0 else set())
+
+
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of this process alone, enough to build a DistributedDataParallel in-process."""
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("ddp_options", "stops"),
+    [({}, True), ({"find_unused_parameters": True}, False), ({"static_graph": True}, False)],
+)
+def test_the_check_stops_exactly_the_ddp_runs_that_fail_at_the_next_step(one_process_group, ddp_options, stops):
+    model = AuxHeadModel()
+    ddp = DistributedDataParallel(model, **ddp_options)
+
+    def step() -> None:
+        ddp(torch.randn(16, 32)).square().mean().backward()  # forward() leaves the auxiliary head out
+
+    step()
+    check = UnusedParameterCheck()
+    if stops:
+        expected = "got no gradient in the first training step: aux_head.weight, aux_head.bias"
+        with pytest.raises(RuntimeError, match=expected):
+            check.on_after_backward(SimpleNamespace(model=ddp), model)
+        with pytest.raises(RuntimeError, match="Expected to have finished reduction in the prior iteration"):
+            step()
+    else:
+        check.on_after_backward(SimpleNamespace(model=ddp), model)
+        step()
