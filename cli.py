@@ -14,6 +14,9 @@ config, then run the same command on every node, only the node rank differs:
     ./scripts/run_ddp_train.sh 0,1,2,3 0  # on node 0, the master
     ./scripts/run_ddp_train.sh 0,1,2,3 1  # on node 1
 
+Add training features, one YAML file each (mixed precision, accumulation, profiling, FSDP; see README.md):
+    python cli.py fit -c configs/ddp.yaml -c configs/bf16.yaml -c configs/accumulate.yaml
+
 Evaluate or predict from a checkpoint:
     python cli.py test -c configs/ddp.yaml --ckpt_path logs/toy/default/checkpoints/last.ckpt
 
@@ -90,8 +93,12 @@ class CLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         if ckpt_path in (None, "last", "best", "hpc") or ckpt_path.startswith("registry"):
             return
-        if not get_filesystem(ckpt_path).isfile(ckpt_path):
-            self.parser.error(f"--ckpt_path {ckpt_path}: no such checkpoint file. Give the path of a .ckpt file.")
+        # A sharded checkpoint (configs/fsdp.yaml) is a directory.
+        if not get_filesystem(ckpt_path).exists(ckpt_path):
+            self.parser.error(
+                f"--ckpt_path {ckpt_path}: no such checkpoint file or directory. Give the path of a .ckpt file, "
+                "or of the directory of a sharded checkpoint."
+            )
 
     def instantiate_classes(self) -> None:
         # A constructor rejecting its arguments is a config error: report it like one, without a traceback.

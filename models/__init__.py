@@ -1,3 +1,4 @@
+from models.aux_head import AuxHeadModel
 from models.toy import ToyModel
 
-__all__ = ["ToyModel"]
+__all__ = ["AuxHeadModel", "ToyModel"]

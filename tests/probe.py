@@ -7,14 +7,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.optim import Optimizer
 
 
 class RankProbe(Callback):
-    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, inputs seen in epoch 0, final parameters."""
+    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, inputs seen in epoch 0, final parameters,
+    the precision setting and the dtypes the model's layers (leaf modules with weights) computed in training."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
         self.inputs: list[torch.Tensor] = []
+        self.layer_dtypes: set[str] = set()
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for module in pl_module.modules():
+            if not list(module.children()) and list(module.parameters(recurse=False)):
+                module.register_forward_hook(self.record_dtype)
+
+    def record_dtype(self, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if module.training:
+            self.layer_dtypes.add(str(output.dtype))
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0:
@@ -29,6 +41,8 @@ class RankProbe(Callback):
             "world_size": trainer.world_size,
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "pid": os.getpid(),
+            "precision": trainer.precision,
+            "layer_dtypes": sorted(self.layer_dtypes),
             "inputs": torch.cat(self.inputs),
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
         }
@@ -47,3 +61,50 @@ class SlowDown(Callback):
         time.sleep(self.seconds)
         if trainer.global_rank == 0:
             self.progress_file.write_text(str(trainer.global_step))
+
+
+class MetricProbe(Callback):
+    """Saves the metrics of the latest validation run as ``metrics.pt`` in ``out_dir``, from global rank 0."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            metrics = {name: float(value) for name, value in trainer.callback_metrics.items()}
+            torch.save(metrics, self.out_dir / "metrics.pt")
+
+
+class OptimizerStepProbe(Callback):
+    """Records, for every optimizer step, the batches it took and the gradient norm before and after clipping.
+
+    Lightning runs forward, backward, ``on_before_optimizer_step`` and then clipping inside ``optimizer.step``;
+    the optimizer's post-hook sees the gradients the update used.
+    """
+
+    def __init__(self) -> None:
+        self.batches_per_step: list[int] = []
+        self.norms_before_clipping: list[float] = []
+        self.norms_used: list[float] = []
+        self.batches_since_step = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for optimizer in trainer.optimizers:
+            optimizer.register_step_post_hook(self.record_step)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.batches_since_step += 1
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer) -> None:
+        self.norms_before_clipping.append(gradient_norm(optimizer))
+
+    def record_step(self, optimizer: Optimizer, args: tuple, kwargs: dict) -> None:
+        self.norms_used.append(gradient_norm(optimizer))
+        self.batches_per_step.append(self.batches_since_step)
+        self.batches_since_step = 0
+
+
+def gradient_norm(optimizer: Optimizer) -> float:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads))

@@ -1,7 +1,17 @@
 from training.checkpoint_io import AtomicCheckpointIO
 from training.preemption import PreemptionCheckpoint
+from training.profiler import ScheduledProfiler
 from training.rng import RNGStateCheckpoint
 from training.startup import StartupError
 from training.strategy import DDPStrategy
+from training.unused_parameters import UnusedParameterCheck
 
-__all__ = ["AtomicCheckpointIO", "DDPStrategy", "PreemptionCheckpoint", "RNGStateCheckpoint", "StartupError"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "DDPStrategy",
+    "PreemptionCheckpoint",
+    "RNGStateCheckpoint",
+    "ScheduledProfiler",
+    "StartupError",
+    "UnusedParameterCheck",
+]

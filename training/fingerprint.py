@@ -47,5 +47,5 @@ def checkpoint_fact(path: str | None) -> str:
     """The checkpoint a process loads, with its size, so nodes reading different files show up."""
     if path is None:
         return "none"
-    file = Path(path)
-    return f"{path} ({file.stat().st_size} bytes)" if file.is_file() else str(path)
+    files = [Path(path)] if Path(path).is_file() else [p for p in Path(path).rglob("*") if p.is_file()]
+    return f"{path} ({sum(file.stat().st_size for file in files)} bytes)"

@@ -40,6 +40,8 @@ def find_last_checkpoint(trainer: Trainer) -> Path | None:
 
 
 def checkpoint_progress(path: Path) -> tuple[int, int]:
-    """(epoch, global step) recorded in a checkpoint, read without loading its tensors."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    """(epoch, global step) recorded in a checkpoint file or a sharded checkpoint directory, without its tensors."""
+    # A sharded (FSDP) checkpoint keeps everything but the tensors in meta.pt.
+    file = path / "meta.pt" if path.is_dir() else path
+    checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=not path.is_dir())
     return checkpoint["epoch"], checkpoint["global_step"]

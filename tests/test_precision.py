@@ -1,0 +1,87 @@
+"""Mixed precision: configs/bf16.yaml as a real 2-process gloo run on CPU, and what configs/fp16.yaml does on CPU."""
+
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
+
+BF16_YAML = str(REPO / "configs" / "bf16.yaml")
+FP16_YAML = str(REPO / "configs" / "fp16.yaml")
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("bf16")
+    result = run_script(
+        [
+            str(REPO / "cli.py"),
+            "fit",
+            "-c",
+            DDP_YAML,
+            "-c",
+            BF16_YAML,
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=2",
+            "--trainer.log_every_n_steps=4",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.num_train=2048",
+            "--trainer.callbacks+=tests.probe.RankProbe",
+            f"--trainer.callbacks.out_dir={workdir / 'probe'}",
+        ],
+        cwd=workdir,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = [torch.load(workdir / "probe" / f"rank{rank}.pt") for rank in range(2)]
+    return workdir, result.stdout + result.stderr, records
+
+
+@pytest.mark.distributed
+def test_both_ranks_ran_the_forward_pass_in_bfloat16(bf16_run):
+    _, output, records = bf16_run
+    assert "Using bfloat16 Automatic Mixed Precision (AMP)" in output
+    assert [(r["global_rank"], r["world_size"]) for r in records] == [(0, 2), (1, 2)]
+    for record in records:
+        assert record["precision"] == "bf16-mixed"
+        assert record["layer_dtypes"] == ["torch.bfloat16"]
+
+
+@pytest.mark.distributed
+def test_weights_stay_float32_and_identical_on_both_ranks(bf16_run):
+    _, _, records = bf16_run
+    first, second = (r["params"] for r in records)
+    assert first.keys() == second.keys()
+    for name in first:
+        assert first[name].dtype == torch.float32, name
+        assert torch.equal(first[name], second[name]), name
+
+
+@pytest.mark.distributed
+def test_the_loss_is_finite_and_fell(bf16_run):
+    workdir, _, _ = bf16_run
+    events = EventAccumulator(str(workdir / "logs" / "toy" / "default"))
+    events.Reload()
+    train = [e.value for e in events.Scalars("train/loss")]
+    val = [e.value for e in events.Scalars("val/loss")]
+    assert len(train) >= 4 and len(val) == 2
+    assert all(math.isfinite(value) for value in train + val)
+    assert train[-1] < 0.5 * train[0]
+    assert val[-1] < val[0]
+
+
+def test_fp16_on_cpu_runs_bf16_with_a_warning(run_cli):
+    with pytest.warns(UserWarning, match="AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`"):
+        result = run_cli(
+            "fit",
+            "-c",
+            DDP_YAML,
+            "-c",
+            FP16_YAML,
+            *SINGLE_PROCESS,
+            "--trainer.accelerator=cpu",
+            "--trainer.fast_dev_run=1",
+        )
+    assert result.trainer.precision == "bf16-mixed"
+    assert result.trainer.precision_plugin.scaler is None  # no GradScaler: bfloat16 needs none

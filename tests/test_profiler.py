@@ -1,0 +1,55 @@
+"""configs/profile.yaml in a real 2-process run: every rank writes a trace of the configured steps."""
+
+import json
+
+import pytest
+import yaml
+
+from tests.conftest import DDP_YAML, REPO, run_script
+from training import ScheduledProfiler
+
+PROFILE_YAML = REPO / "configs" / "profile.yaml"
+
+
+@pytest.mark.distributed
+def test_each_rank_writes_a_trace_of_the_active_steps(tmp_path):
+    schedule = yaml.safe_load(PROFILE_YAML.read_text())["trainer"]["profiler"]["init_args"]
+    batches = schedule["skip_first"] + schedule["wait"] + schedule["warmup"] + schedule["active"]
+    result = run_script(
+        [
+            str(REPO / "cli.py"),
+            "fit",
+            "-c",
+            DDP_YAML,
+            "-c",
+            str(PROFILE_YAML),
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.limit_train_batches={batches + 1}",  # the recording ends inside the epoch
+            "--trainer.limit_val_batches=2",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    run_dir = tmp_path / "logs" / "toy" / "default"
+    for rank in range(2):
+        traces = list(run_dir.glob(f"fit-profile-{rank}-*training_step.*.pt.trace.json"))
+        assert len(traces) == 1, sorted(p.name for p in run_dir.iterdir())
+        trace = json.loads(traces[0].read_text())
+        assert trace["distributedInfo"]["rank"] == rank and trace["distributedInfo"]["world_size"] == 2
+        names = [event.get("name", "") for event in trace["traceEvents"]]
+        recorded_steps = {name for name in names if name.startswith("ProfilerStep#")}
+        assert len(recorded_steps) == schedule["active"], recorded_steps
+        assert "[pl][profile][Strategy]DDPStrategy.training_step" in names
+        assert "aten::addmm" in names  # the model's Linear layers
+        assert (run_dir / f"fit-profile-{rank}.txt").read_text().startswith("FIT Profiler Report")
+
+
+@pytest.mark.parametrize("setting", ["active=0", "wait=-1"])
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # nothing fails later in __del__
+def test_an_impossible_schedule_names_the_setting(setting):
+    name, value = setting.split("=")
+    with pytest.raises(ValueError, match=f"trainer.profiler.{name} must be"):
+        ScheduledProfiler(**{name: int(value)})

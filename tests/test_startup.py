@@ -1,0 +1,146 @@
+"""The start-up handshake: who is missing, what differs, and how fast the job says so."""
+
+import re
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from torch.distributed import HashStore
+
+from tests.cluster import launch
+from tests.conftest import copy_project, free_port
+from training.startup import Member, StartupError, handshake
+
+FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
+
+
+def member(node: int, local: int, host: str = "", **facts) -> Member:
+    return Member(node, local, host or f"host{node}", 1000 + 10 * node + local, {**FACTS, **facts})
+
+
+def shake(members: list[Member], timeout: float = 5, fail_fast: bool = True) -> dict[tuple[int, int], object]:
+    """Run the handshake for every member in its own thread; return each one's result or error."""
+    store = HashStore()
+    results: dict[tuple[int, int], object] = {}
+
+    def run(me: Member) -> None:
+        try:
+            results[(me.node_rank, me.local_rank, me.pid)] = handshake(
+                store,
+                me,
+                num_nodes=2,
+                devices=2,
+                timeout=timedelta(seconds=timeout),
+                address="10.0.0.1:29500",
+                leader=(me.node_rank, me.local_rank) == (0, 0),
+                fail_fast=fail_fast,
+            )
+        except StartupError as error:
+            results[(me.node_rank, me.local_rank, me.pid)] = error
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_everyone_arrives_and_gets_the_same_roster():
+    everyone = [member(1, 1), member(0, 1), member(1, 0), member(0, 0)]
+    results = shake(everyone)
+    rosters = {tuple((m.node_rank, m.local_rank, m.host) for m in roster) for roster in results.values()}
+    assert rosters == {((0, 0, "host0"), (0, 1, "host0"), (1, 0, "host1"), (1, 1, "host1"))}
+
+
+def test_a_node_that_never_arrives_is_named_after_the_timeout():
+    started = time.monotonic()
+    results = shake([member(0, 0), member(0, 1)], timeout=1)
+    assert time.monotonic() - started < 10
+    errors = {str(error) for error in results.values()}
+    assert len(errors) == 1, "every process should stop with the same words"
+    message = errors.pop()
+    assert message.startswith("the job cannot start: only 2 of 4 processes joined within 0:00:01; node rank 1 never")
+    assert "MASTER_ADDR and MASTER_PORT pointing at 10.0.0.1:29500" in message
+    assert "logs/nodes/node<RANK>.log" in message
+
+
+def test_a_process_missing_on_a_node_is_named():
+    results = shake([member(0, 0), member(0, 1), member(1, 0)], timeout=1)
+    message = str(results[(0, 0, 1000)])
+    assert "only 3 of 4 processes joined" in message
+    assert "node 1 lacks local rank 1 (a process there stopped before joining)" in message
+
+
+def test_a_different_node_count_fails_fast_and_names_the_fix():
+    started = time.monotonic()
+    results = shake([member(0, 0), member(0, 1), member(1, 0, num_nodes=3), member(1, 1, num_nodes=3)], timeout=60)
+    assert time.monotonic() - started < 10, "a disagreement must not wait for the join timeout"
+    message = str(results[(0, 0, 1000)])
+    assert "num_nodes: node 0 (host0) has 2, node 1 (host1) has 3" in message
+    assert "To fix: set trainer.num_nodes (or NUM_NODES) to the same value on every node" in message
+    assert all(str(result) == message for result in results.values())
+
+
+def test_config_differences_are_named_key_by_key():
+    config = {"trainer.max_epochs": "3", "model.lr": "0.1", "data.seed": "1"}
+    results = shake([member(0, 0), member(0, 1), member(1, 0, config=config), member(1, 1, config=config)])
+    message = str(results[(0, 0, 1000)])
+    assert "config differs between node 0 (host0) and node 1 (host1): data.seed (unset vs 1), trainer.max_epochs" in (
+        message
+    )
+    assert "(5 vs 3)" in message and "model.lr" not in message
+
+
+def test_a_node_rank_used_twice_is_named():
+    twin = Member(1, 0, "hostX", 4242, FACTS)
+    results = shake([member(0, 0), member(0, 1), member(1, 0), twin, member(1, 1)], timeout=3)
+    message = str(results[(0, 0, 1000)])
+    assert re.search(r"node rank 1 was started twice, on host(1|X) \(pid \d+\) and on host(1|X)", message)
+
+
+def test_without_fail_fast_every_difference_is_named():
+    results = shake(
+        [member(0, 0), member(0, 1, torch="2.0"), member(1, 0, lightning="2.1"), member(1, 1)], fail_fast=False
+    )
+    message = str(results[(0, 0, 1000)])
+    assert "torch: node 0 (host0) has None, node 0 (host0) has 2.0" in message
+    assert "lightning: node 0 (host0) has None, node 1 (host1) has 2.1" in message
+
+
+@pytest.mark.distributed
+def test_a_master_without_its_worker_stops_after_the_join_timeout(tmp_path):
+    project = copy_project(tmp_path / "node0")
+    started = time.monotonic()
+    process = launch(
+        project,
+        "cpu:2",
+        0,
+        "--trainer.strategy.init_args.join_timeout=0:00:20",
+        NUM_NODES="2",
+        MASTER_PORT=str(free_port()),
+    )
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert time.monotonic() - started < 20 + 45, "the master did not give up after the join timeout"
+    assert "error: the job cannot start: only 2 of 4 processes joined within 0:00:20; node rank 1 never arrived" in (
+        output
+    )
+    assert output.count("error: the job cannot start") == 1, "one paragraph per node, not one per process"
+    assert "Traceback" not in output
+
+
+@pytest.mark.distributed
+def test_nodes_with_different_num_nodes_fail_fast_naming_it(tmp_path):
+    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
+    port = str(free_port())
+    started = time.monotonic()
+    worker = launch(nodes[1], "cpu:2", 1, NUM_NODES="3", MASTER_PORT=port)
+    master = launch(nodes[0], "cpu:2", 0, NUM_NODES="2", MASTER_PORT=port)
+    outputs = [process.communicate(timeout=180)[0] for process in (master, worker)]
+    assert time.monotonic() - started < 90, "the mismatch waited for the 10 minute join timeout"
+    for process, output in zip((master, worker), outputs, strict=True):
+        assert process.returncode != 0
+        assert "error: the job cannot start, its processes disagree: num_nodes: node 0 (" in output
+        assert "has 2, node 1 (" in output and "has 3." in output
