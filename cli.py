@@ -150,7 +150,7 @@ class CLI(LightningCLI):
         if hasattr(self.trainer.strategy, "startup_facts"):
             self.trainer.strategy.startup_facts.update(
                 {
-                    "config": config_items(self.config[self.subcommand]),
+                    "config": config_items(self.config[self.subcommand].as_dict()),
                     "project code": code_digest(),
                     "checkpoint": checkpoint_fact(self.config_init[self.subcommand].get("ckpt_path")),
                 }

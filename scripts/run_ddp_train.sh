@@ -22,99 +22,11 @@ set -euo pipefail
 
 project=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$project"
-
-die() {
-    printf 'error: %s\n' "$*" >&2
-    exit 2
-}
-
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
-    exit 2
-}
-
-# KEY=value lines of the settings file, unless the environment sets KEY already.
-load_settings() {
-    local file=$1 line key number=0
-    [[ -f $file ]] || die "settings file $file not found. Copy scripts/cluster.env there or point CLUSTER_ENV at it."
-    while IFS= read -r line || [[ -n $line ]]; do
-        number=$((number + 1))
-        [[ $line =~ ^[[:space:]]*(#|$) ]] && continue
-        [[ $line =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] \
-            || die "$file:$number: expected KEY=value, got: $line"
-        key=${BASH_REMATCH[1]}
-        [[ -n ${!key+set} ]] || printf -v "$key" '%s' "${BASH_REMATCH[2]}"
-        settings+=("$key")
-    done <"$file"
-}
-
-require() {
-    local key
-    for key in "$@"; do
-        [[ -n ${!key:-} ]] || die "$key is not set. Set it in $CLUSTER_ENV (the same on every node) or in the environment."
-    done
-}
-
-resolve_ipv4() {
-    if [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
-        echo "$1"
-    else
-        getent ahostsv4 "$1" | awk '{ print $1; exit }'
-    fi
-}
-
-# The interface that carries traffic to $1: the one holding it if it is local, else the one routing to it.
-interface_to() {
-    local route
-    route=$(ip -o route get "$1" 2>/dev/null) || return 1
-    if [[ $route == local* ]]; then
-        ip -o addr show to "$1/32" | awk '{ print $2; exit }'
-    else
-        sed -n 's/.* dev \([^ ]*\).*/\1/p' <<<"$route"
-    fi
-}
-
-# Who listens on TCP port $1 on this machine, as "name (pid N)", or empty if the port is free.
-port_holder() {
-    local line
-    line=$(ss -Hltnp "sport = :$1" 2>/dev/null | head -n 1)
-    [[ -n $line ]] || return 0
-    if [[ $line =~ users:\(\(\"([^\"]+)\",pid=([0-9]+) ]]; then
-        echo "${BASH_REMATCH[1]} (pid ${BASH_REMATCH[2]})"
-    else
-        echo "a process this user cannot see (sudo ss -ltnp 'sport = :$1' names it)"
-    fi
-}
-
-wait_for_master() {
-    local deadline=$((SECONDS + CONNECT_TIMEOUT))
-    echo "node $NODE_RANK: waiting for the master at $MASTER_ADDR:$MASTER_PORT (up to ${CONNECT_TIMEOUT}s)"
-    # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
-    until timeout 3 bash -c ': <>"/dev/tcp/$0/$1"' "$master_ip" "$MASTER_PORT" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            printf 'error: node %s cannot reach the master at %s:%s after %ss. Check that node rank 0 is running (its log is %s/node0.log on the master), that MASTER_ADDR is its address on a network this node reaches (here it routes via %s: ip route get %s), and that MASTER_PORT is the same on every node and open in the master'"'"'s firewall (e.g. sudo ufw allow %s/tcp). Nothing was launched.\n' \
-                "$NODE_RANK" "$MASTER_ADDR" "$MASTER_PORT" "$CONNECT_TIMEOUT" "$LOG_DIR" "$interface" "$master_ip" "$MASTER_PORT" >&2
-            exit 1
-        fi
-        sleep 1
-    done
-}
+# shellcheck source=common.sh
+source scripts/common.sh
 
 # Every process started by this launch carries DDP_LAUNCH_ID in its environment, even the ones
 # torchrun starts in sessions of their own or that outlive their parent.
-# Words as a shell would need them, leaving plain ones (paths, 0,1, host:port) readable.
-quote() {
-    local word quoted=()
-    for word in "$@"; do
-        if [[ $word =~ ^[A-Za-z0-9_./:,=+@%-]+$ ]]; then
-            quoted+=("$word")
-        else
-            quoted+=("$(printf '%q' "$word")")
-        fi
-    done
-    echo "${quoted[*]}"
-}
-
 # shellcheck disable=SC2329  # called from traps
 launch_processes() {
     grep -lxzF "DDP_LAUNCH_ID=$launch_id" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | paste -sd ' ' - || true
@@ -156,90 +68,13 @@ on_exit() {
     [[ -z ${fifo_dir:-} ]] || rm -rf "$fifo_dir"
 }
 
-(($# >= 2)) || usage
-GPUS=$1
-NODE_RANK=$2
-shift 2
-
 LAUNCHER=${LAUNCHER:-lightning}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
-PYTHON=${PYTHON:-python}
-CLUSTER_ENV=${CLUSTER_ENV:-scripts/cluster.env}
-
-if [[ $GPUS =~ ^cpu:([1-9][0-9]*)$ ]]; then
-    procs_per_node=${BASH_REMATCH[1]}
-    accelerator=cpu
-    visible_devices=
-elif [[ $GPUS =~ ^[0-9]+(,[0-9]+)*$ ]]; then
-    IFS=, read -r -a gpu_ids <<<"$GPUS"
-    procs_per_node=${#gpu_ids[@]}
-    duplicates=$(printf '%s\n' "${gpu_ids[@]}" | sort -n | uniq -d | paste -sd, -)
-    [[ -z $duplicates ]] || die "GPUS=$GPUS lists GPU $duplicates more than once. List each GPU id once, e.g. 0,1."
-    accelerator=gpu
-    visible_devices=$GPUS
-else
-    die "GPUS=$GPUS is neither a comma-separated list of GPU ids (e.g. 0,1) nor cpu:N (e.g. cpu:2)."
-fi
-[[ $NODE_RANK =~ ^[0-9]+$ ]] || die "NODE_RANK=$NODE_RANK is not a non-negative integer. Use 0 on the master and 1, 2, ... on the workers."
-NODE_RANK=$((10#$NODE_RANK))
 [[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || die "LAUNCHER=$LAUNCHER: use lightning (the default) or torchrun."
 [[ $MAX_RESTARTS =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=$MAX_RESTARTS is not a non-negative integer."
-
-settings=()
-load_settings "$CLUSTER_ENV"
-require MASTER_ADDR MASTER_PORT CONFIGS CONNECT_TIMEOUT LOG_DIR
-if [[ ! $MASTER_PORT =~ ^[0-9]+$ ]] || ((MASTER_PORT < 1 || MASTER_PORT > 65535)); then
-    die "MASTER_PORT=$MASTER_PORT is not a TCP port number (1-65535). Fix it in $CLUSTER_ENV."
-fi
-[[ $CONNECT_TIMEOUT =~ ^[0-9]+$ ]] || die "CONNECT_TIMEOUT=$CONNECT_TIMEOUT is not a number of seconds. Fix it in $CLUSTER_ENV."
-
-config_args=()
-read -r -a config_files <<<"${CONFIGS:?}"
-for config in "${config_files[@]}"; do
-    [[ -f $config ]] || die "config file $config (from CONFIGS in $CLUSTER_ENV) not found in $project. Fix the path; the same file must exist on every node."
-    config_args+=(-c "$config")
-done
-
-cli_args=(fit "${config_args[@]}" "--trainer.accelerator=$accelerator" "--trainer.devices=$procs_per_node")
-if [[ -n ${NUM_NODES:-} ]]; then
-    [[ $NUM_NODES =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer."
-    echo "NUM_NODES=$NUM_NODES from the environment overrides trainer.num_nodes of the config"
-    cli_args+=("--trainer.num_nodes=$NUM_NODES")
-fi
-cli_args+=("$@")
-
-# Parse the whole config now, so a mistake stops every node before anything starts.
-resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
-    || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."
-num_nodes=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["trainer"]["num_nodes"])' <<<"$resolved")
-((NODE_RANK < num_nodes)) \
-    || die "NODE_RANK=$NODE_RANK is out of range: the config has trainer.num_nodes=$num_nodes, so node ranks are 0..$((num_nodes - 1)). Edit num_nodes in the config (or set NUM_NODES) on every node."
-
-master_ip=$(resolve_ipv4 "$MASTER_ADDR")
-[[ -n $master_ip ]] || die "MASTER_ADDR=$MASTER_ADDR does not resolve to an IPv4 address on this node. Use node 0's IP address."
-interface=${SOCKET_IFNAME:-}
-if [[ -z $interface ]]; then
-    command -v ip >/dev/null || die "cannot find the network interface to MASTER_ADDR without the ip command. Install iproute2 or set SOCKET_IFNAME in $CLUSTER_ENV."
-    interface=$(interface_to "$master_ip") && [[ -n $interface ]] \
-        || die "no route from this node to MASTER_ADDR=$MASTER_ADDR ($master_ip). Check the address and this node's network (ip route get $master_ip), or set SOCKET_IFNAME in $CLUSTER_ENV."
-fi
-
-if ((NODE_RANK == 0)); then
-    [[ $(ip -o route get "$master_ip" 2>/dev/null) == local* ]] \
-        || die "node rank 0 must run on the master, but MASTER_ADDR=$MASTER_ADDR is not an address of this machine. Start rank 0 on $MASTER_ADDR, or set MASTER_ADDR to this machine's address on every node."
-    holder=$(port_holder "$MASTER_PORT")
-    [[ -z $holder ]] \
-        || die "MASTER_PORT $MASTER_PORT is already in use on the master, by $holder, perhaps an earlier run still going. Stop it, or choose another free port as MASTER_PORT in $CLUSTER_ENV (the same on every node). Nothing was launched."
-fi
-
-# A stale LOCAL_RANK would make Lightning assume someone else started the processes (one per node, then a hang).
-unset LOCAL_RANK RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK TORCHELASTIC_RUN_ID
-export_keys=("${settings[@]}")
-NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$interface}
-GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$interface}
-export CUDA_VISIBLE_DEVICES=$visible_devices # even when empty: cpu:N hides every GPU
-export_keys+=(NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES)
+prepare_node "$@"
+export_node_environment
 
 if [[ -n ${DEBUG:-} && $DEBUG != 0 ]]; then
     export TORCH_DISTRIBUTED_DEBUG=DETAIL
@@ -277,18 +112,7 @@ else
     command=("$PYTHON" cli.py "${cli_args[@]}")
 fi
 
-declare -A seen=()
-exports=()
-for key in "${export_keys[@]}"; do
-    [[ -z ${seen[$key]:-} ]] || continue
-    seen[$key]=1
-    if [[ $key == CUDA_VISIBLE_DEVICES || -n ${!key:-} ]]; then
-        export "${key?}"
-        exports+=("$key=${!key}")
-    else
-        unset "$key"
-    fi
-done
+apply_exports
 
 if [[ -n ${DRY_RUN:-} && $DRY_RUN != 0 ]]; then
     echo "# node $NODE_RANK of $num_nodes, $procs_per_node process(es) ($GPUS), launcher $LAUNCHER, in $project"

@@ -50,7 +50,7 @@ def shake(members: list[Member], timeout: float = 5, fail_fast: bool = True) -> 
 def test_everyone_arrives_and_gets_the_same_roster():
     everyone = [member(1, 1), member(0, 1), member(1, 0), member(0, 0)]
     results = shake(everyone)
-    rosters = {tuple((m.node_rank, m.local_rank, m.host) for m in roster) for roster in results.values()}
+    rosters = {tuple((m.node_rank, m.local_rank, m.host) for m in roster.members) for roster in results.values()}
     assert rosters == {((0, 0, "host0"), (0, 1, "host0"), (1, 0, "host1"), (1, 1, "host1"))}
 
 
@@ -100,13 +100,16 @@ def test_a_node_rank_used_twice_is_named():
     assert re.search(r"node rank 1 was started twice, on host(1|X) \(pid \d+\) and on host(1|X)", message)
 
 
-def test_without_fail_fast_every_difference_is_named():
+def test_without_fail_fast_everyone_is_listed_and_every_difference_named():
     results = shake(
         [member(0, 0), member(0, 1, torch="2.0"), member(1, 0, lightning="2.1"), member(1, 1)], fail_fast=False
     )
-    message = str(results[(0, 0, 1000)])
-    assert "torch: node 0 (host0) has None, node 0 (host0) has 2.0" in message
-    assert "lightning: node 0 (host0) has None, node 1 (host1) has 2.1" in message
+    for roster in results.values():
+        assert [(m.node_rank, m.local_rank) for m in roster.members] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        assert roster.problems == [
+            "torch: node 0 (host0) has None, node 0 (host0) has 2.0",
+            "lightning: node 0 (host0) has None, node 1 (host1) has 2.1",
+        ]
 
 
 @pytest.mark.distributed

@@ -4,8 +4,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace
-
 PROJECT = Path(__file__).resolve().parents[1]
 CODE = ["cli.py", "models/**/*.py", "data/**/*.py", "training/**/*.py"]
 
@@ -19,8 +17,8 @@ def code_digest(root: Path = PROJECT) -> str:
     return digest.hexdigest()[:12]
 
 
-def config_items(config: Namespace) -> dict[str, str]:
-    """The resolved config of a subcommand as ``{"trainer.max_epochs": "5", ...}``.
+def config_items(config: dict[str, Any]) -> dict[str, str]:
+    """A resolved config (a subcommand's, as a dict) as ``{"trainer.max_epochs": "5", ...}``.
 
     Left out: the paths of the config files (each node may keep its clone elsewhere), and the node count and
     devices per node, which the handshake compares on their own.
@@ -37,10 +35,15 @@ def config_items(config: Namespace) -> dict[str, str]:
         else:
             items[key] = str(value)
 
-    flatten({k: v for k, v in config.as_dict().items() if k != "config"}, "")
+    flatten({k: v for k, v in config.items() if k != "config"}, "")
     for key in ("trainer.num_nodes", "trainer.devices"):
         items.pop(key, None)
     return items
+
+
+def items_digest(items: dict[str, str]) -> str:
+    """A short hash of ``config_items``, for a table cell."""
+    return hashlib.sha256(repr(sorted(items.items())).encode()).hexdigest()[:12]
 
 
 def checkpoint_fact(path: str | None) -> str:

@@ -41,10 +41,19 @@ class Member:
     host: str
     pid: int
     facts: dict[str, Any]
+    device: str = ""
 
     @property
     def where(self) -> str:
         return f"node {self.node_rank} ({self.host})"
+
+
+@dataclass
+class Roster:
+    """Every process that reported, in (node, local rank) order, and what they disagree on."""
+
+    members: list[Member]
+    problems: list[str]
 
 
 def handshake(
@@ -57,23 +66,24 @@ def handshake(
     address: str,
     leader: bool,
     fail_fast: bool = True,
-) -> list[Member]:
-    """Report ``me`` and return every process of the job in (node, local rank) order, or raise StartupError.
+) -> Roster:
+    """Report ``me`` and return the roster of the whole job, or raise StartupError.
 
-    ``leader`` (global rank 0) waits up to ``timeout`` for ``num_nodes * devices`` processes. With
-    ``fail_fast`` it stops at the first process that disagrees; otherwise it waits for all and names every
-    difference. The other processes receive the leader's verdict, so every node stops with the same words.
+    ``leader`` (global rank 0) waits up to ``timeout`` for ``num_nodes * devices`` processes; a missing one
+    raises. With ``fail_fast`` the first process that disagrees raises at once; otherwise the leader waits
+    for all and the roster names every difference. The other processes receive the leader's verdict, so
+    every node stops with the same words.
     """
     index = store.add(f"{PREFIX}/count", 1) - 1
     store.set(f"{PREFIX}/member/{index}", json.dumps(asdict(me)))
     if leader:
         try:
-            members = _gather(store, me, num_nodes, devices, timeout, address, fail_fast)
+            roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast)
         except StartupError as error:
             store.set(f"{PREFIX}/verdict", json.dumps({"error": str(error)}))
             raise
-        store.set(f"{PREFIX}/verdict", json.dumps({"members": [asdict(m) for m in members]}))
-        return members
+        store.set(f"{PREFIX}/verdict", json.dumps(asdict(roster)))
+        return roster
     try:
         store.wait([f"{PREFIX}/verdict"], timeout + VERDICT_GRACE)
     except RuntimeError as error:  # torch's DistStoreError and DistNetworkError derive from it
@@ -84,14 +94,20 @@ def handshake(
     verdict = json.loads(store.get(f"{PREFIX}/verdict"))
     if "error" in verdict:
         raise StartupError(verdict["error"])
-    return [Member(**member) for member in verdict["members"]]
+    return Roster([Member(**member) for member in verdict["members"]], verdict["problems"])
+
+
+def describe(roster: Roster) -> str:
+    """The paragraph that explains the disagreements of a roster."""
+    return _disagreement(roster.problems)
 
 
 def _gather(
     store: Store, leader: Member, num_nodes: int, devices: int, timeout: timedelta, address: str, fail_fast: bool
-) -> list[Member]:
+) -> Roster:
     expected = {(node, local) for node in range(num_nodes) for local in range(devices)}
     arrived: dict[tuple[int, int], Member] = {}
+    everyone: list[Member] = []
     problems: list[str] = []
     read = 0
     deadline = time.monotonic() + timeout.total_seconds()
@@ -99,17 +115,16 @@ def _gather(
         count = store.add(f"{PREFIX}/count", 0)
         for index in range(read, count):
             member = Member(**json.loads(store.get(f"{PREFIX}/member/{index}")))
+            everyone.append(member)
             found = _check(member, leader, arrived, num_nodes)
-            if not found:
-                arrived[(member.node_rank, member.local_rank)] = member
+            arrived.setdefault((member.node_rank, member.local_rank), member)
             problems.extend(p for p in found if p not in problems)
             if found and fail_fast:
                 raise StartupError(_disagreement(problems))
         read = count
         if expected <= arrived.keys():
-            if problems:
-                raise StartupError(_disagreement(problems))
-            return [arrived[key] for key in sorted(arrived)]
+            members = sorted(everyone, key=lambda m: (m.node_rank, m.local_rank, m.pid))
+            return Roster(members, problems)
         if time.monotonic() > deadline:
             raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems))
         time.sleep(0.05)

@@ -59,6 +59,7 @@ class DDPStrategy(LightningDDPStrategy):
             local_rank=self.local_rank,
             host=socket.gethostname(),
             pid=os.getpid(),
+            device=str(self.root_device),
             facts={
                 "num_nodes": self.num_nodes,
                 "devices per node": self.num_processes,
@@ -68,7 +69,7 @@ class DDPStrategy(LightningDDPStrategy):
             },
         )
         try:
-            members = handshake(
+            roster = handshake(
                 store,
                 me,
                 num_nodes=self.num_nodes,
@@ -83,8 +84,8 @@ class DDPStrategy(LightningDDPStrategy):
             if isinstance(self.launcher, _SubprocessScriptLauncher):
                 self.launcher.kill(signal.SIGKILL)
             raise
-        hosts = dict.fromkeys(member.where for member in members)
-        rank_zero_info(f"All {len(members)} processes joined: {', '.join(hosts)}")
+        hosts = dict.fromkeys(member.where for member in roster.members)
+        rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
 
     def _connect(self, host: str, port: int, address: str) -> Store:

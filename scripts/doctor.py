@@ -1,0 +1,280 @@
+"""The doctor's checks in Python, started on every node by scripts/doctor.sh once the network checks pass.
+
+This node: versions, GPUs against the GPU list, /dev/shm. Then one process per device joins the job's
+start-up handshake (the one training uses), so the master prints a row per process and names every
+difference; the processes then form a process group with a short timeout and verify the collectives
+the seeds teach, and optionally measure their bandwidth (scripts/comm_bench.py).
+"""
+
+import argparse
+import os
+import platform
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import lightning
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+from torch.distributed import PrefixStore, TCPStore
+
+from scripts import comm_bench
+from training.fingerprint import code_digest, config_items, items_digest
+from training.startup import Member, StartupError, describe, handshake
+
+MIN_SHM_BYTES = 512 << 20
+COLLECTIVE_TIMEOUT = timedelta(seconds=60)
+
+
+def say(status: str, text: str) -> None:
+    print(f"{status:<5} {text}", flush=True)
+
+
+def check_node(args: argparse.Namespace) -> bool:
+    """The checks of this machine alone; False when training could not run here."""
+    say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
+    healthy = True
+    if args.accelerator == "gpu":
+        if not torch.cuda.is_available():
+            say(
+                "FAIL",
+                "GPUs requested, but torch sees no CUDA device: check the driver (nvidia-smi) and that torch "
+                "is a CUDA build (python -c 'import torch; print(torch.version.cuda)').",
+            )
+            return False
+        visible = torch.cuda.device_count()
+        names = ", ".join(torch.cuda.get_device_name(i) for i in range(visible))
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        say("ok", f"CUDA {torch.version.cuda}, NCCL {nccl}; {visible} visible GPU(s): {names}")
+        if visible != args.nproc:
+            say(
+                "FAIL",
+                f"the GPU list names {args.nproc} GPU(s) but this node sees {visible} with "
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}: use ids nvidia-smi lists.",
+            )
+            healthy = False
+    else:
+        say("ok", f"{args.nproc} CPU process(es) on gloo")
+    shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+    if shm is None or shm.f_blocks * shm.f_frsize < MIN_SHM_BYTES:
+        size = f"{shm.f_blocks * shm.f_frsize >> 20} MiB" if shm else "missing"
+        say(
+            "FAIL",
+            f"/dev/shm is {size}: DataLoader workers pass batches through it and fail with a bus error. "
+            "In Docker run with --ipc host or --shm-size 16g.",
+        )
+        healthy = False
+    else:
+        say("ok", f"/dev/shm has {shm.f_blocks * shm.f_frsize >> 20} MiB")
+    return healthy
+
+
+def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, str]:
+    """Each collective the seeds teach on small tensors whose right result is known; name -> problem or ""."""
+    problems: dict[str, str] = {}
+
+    def full(value: float) -> torch.Tensor:
+        return torch.full((3,), float(value), device=device)
+
+    def expect(name: str, got: torch.Tensor, want: float) -> None:
+        if not torch.equal(got, full(want)):
+            problems[name] = f"rank {rank} got {got.tolist()}, expected {want}"
+
+    def run(name: str, check) -> None:
+        try:
+            check()
+        except Exception as error:  # a broken collective raises many kinds; the doctor reports them all
+            problems[name] = f"rank {rank}: {type(error).__name__}: {error}".splitlines()[0]
+        problems.setdefault(name, "")
+
+    def broadcast() -> None:
+        tensor = full(42 if rank == 0 else -1)
+        dist.broadcast(tensor, src=0)
+        expect("broadcast", tensor, 42)
+
+    def scatter() -> None:
+        received = full(-1)
+        dist.scatter(received, [full(r) for r in range(world)] if rank == 0 else None, src=0)
+        expect("scatter", received, rank)
+
+    def gather() -> None:
+        gathered = [full(-1) for _ in range(world)] if rank == 0 else None
+        dist.gather(full(rank), gathered, dst=0)
+        for source, tensor in enumerate(gathered or []):
+            expect("gather", tensor, source)
+
+    def reduce() -> None:
+        tensor = full(rank + 1)
+        dist.reduce(tensor, dst=0)
+        if rank == 0:
+            expect("reduce", tensor, world * (world + 1) / 2)
+
+    def all_gather() -> None:
+        gathered = [full(-1) for _ in range(world)]
+        dist.all_gather(gathered, full(rank))
+        for source, tensor in enumerate(gathered):
+            expect("all_gather", tensor, source)
+
+    def all_reduce() -> None:
+        tensor = full(rank + 1)
+        dist.all_reduce(tensor)
+        expect("all_reduce", tensor, world * (world + 1) / 2)
+
+    def send_recv() -> None:
+        # A ring: every rank sends to the next one and receives from the previous one.
+        received = full(-1)
+        requests = [dist.isend(full(rank), (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]
+        for request in requests:
+            request.wait()
+        expect("send/recv", received, (rank - 1) % world)
+
+    for name, check in [
+        ("broadcast", broadcast),
+        ("scatter", scatter),
+        ("gather", gather),
+        ("reduce", reduce),
+        ("all_gather", all_gather),
+        ("all_reduce", all_reduce),
+        ("send/recv", send_recv),
+    ]:
+        if name == "send/recv" and world == 1:
+            continue
+        run(name, check)
+    return problems
+
+
+def print_roster(members: list[Member]) -> None:
+    columns = ("rank", "host", "node", "local", "device", "python", "torch", "lightning", "code", "config")
+    rows = [
+        (
+            str(rank),
+            m.host,
+            str(m.node_rank),
+            str(m.local_rank),
+            m.device,
+            m.facts["python"],
+            m.facts["torch"],
+            m.facts["lightning"],
+            m.facts["project code"],
+            items_digest(m.facts["config"]),
+        )
+        for rank, m in enumerate(members)
+    ]
+    widths = [max(len(value) for value in column) for column in zip(columns, *rows, strict=True)]
+    for row in (columns, *rows):
+        print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip(), flush=True)
+
+
+def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -> None:
+    """One process of the job: check in, verify the collectives, measure if asked. Exits 1 on a problem."""
+    rank, world = args.node_rank * args.nproc + local_rank, args.num_nodes * args.nproc
+    if args.accelerator == "gpu":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        name = f"cuda:{local_rank} {torch.cuda.get_device_name(local_rank)}"
+    else:
+        device, name = torch.device("cpu"), "cpu"
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=args.timeout)
+    me = Member(
+        node_rank=args.node_rank,
+        local_rank=local_rank,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        device=name,
+        facts={
+            "num_nodes": args.num_nodes,
+            "devices per node": args.nproc,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "project code": code_digest(),
+            "config": config,
+        },
+    )
+    try:
+        store = TCPStore(address, port, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+        roster = handshake(
+            store,
+            me,
+            num_nodes=args.num_nodes,
+            devices=args.nproc,
+            timeout=timeout,
+            address=f"{address}:{port}",
+            leader=rank == 0,
+            fail_fast=False,
+        )
+    except (StartupError, RuntimeError) as error:
+        if local_rank == 0:
+            say("FAIL", str(error))
+        sys.exit(1)
+    if rank == 0:
+        print_roster(roster.members)
+    if roster.problems:
+        if local_rank == 0:
+            say("FAIL", describe(roster))
+        sys.exit(1)
+    if local_rank == 0:
+        say("ok", f"all {world} processes of {args.num_nodes} node(s) joined and agree on versions, code and config")
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        store=PrefixStore("doctor", store),
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
+        device_id=device if device.type == "cuda" else None,
+    )
+    problems = check_collectives(rank, world, device)
+    everyone: list[dict[str, str]] = [{} for _ in range(world)]
+    dist.all_gather_object(everyone, problems)
+    failed = False
+    if local_rank == 0:
+        for name in problems:
+            wrong = [p[name] for p in everyone if p.get(name)]
+            failed |= bool(wrong)
+            detail = ": " + "; ".join(wrong) if wrong else ""
+            say("FAIL" if wrong else "ok", f"{name} on {world} processes ({backend}){detail}")
+    if args.bench and not any(any(p.values()) for p in everyone):
+        rows = comm_bench.run(args.bench_max_mb << 20, device)
+        if rank == 0:
+            print(comm_bench.table(rows), flush=True)
+            title = f"{backend}, {world} processes on {args.num_nodes} node(s)"
+            for path in comm_bench.write(rows, Path(args.out_dir), title):
+                say("ok", f"wrote {path}")
+    dist.destroy_process_group()
+    if failed or any(any(p.values()) for p in everyone):
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--node-rank", type=int, required=True)
+    parser.add_argument("--num-nodes", type=int, required=True)
+    parser.add_argument("--nproc", type=int, required=True, help="processes (devices) on this node")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), required=True)
+    parser.add_argument("--config", required=True, help="the resolved config, as cli.py --print_config wrote it")
+    parser.add_argument("--timeout", type=float, required=True, help="seconds the master waits for every process")
+    parser.add_argument("--out-dir", required=True, help="where the benchmark's files go")
+    parser.add_argument("--bench", action="store_true", help="measure collective bandwidth as well")
+    parser.add_argument("--bench-max-mb", type=int, default=64, help="largest message of the benchmark, in MiB")
+    args = parser.parse_args()
+
+    healthy = check_node(args)
+    if args.accelerator == "gpu" and not torch.cuda.is_available():
+        sys.exit(1)
+    config = config_items(yaml.safe_load(Path(args.config).read_text()))
+    try:
+        mp.start_processes(process, args=(args, config), nprocs=args.nproc, start_method="spawn")
+    except mp.ProcessExitedException:
+        healthy = False
+    say("ok" if healthy else "FAIL", "the doctor found nothing wrong" if healthy else "the doctor found problems above")
+    sys.exit(0 if healthy else 1)
+
+
+if __name__ == "__main__":
+    main()
