@@ -169,7 +169,11 @@ def print_roster(members: list[Member]) -> None:
 
 
 def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -> None:
-    """One process of the job: check in, verify the collectives, measure if asked. Exits 1 on a problem."""
+    """One process of the job: check in, verify the collectives, measure if asked.
+
+    Every process learns the same verdict; local rank 0 reports it and exits 1 on a problem, the others
+    return, so the node's report is never cut short by a sibling's exit.
+    """
     rank, world = args.node_rank * args.nproc + local_rank, args.num_nodes * args.nproc
     if args.accelerator == "gpu":
         torch.cuda.set_device(local_rank)
@@ -210,13 +214,15 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
     except (StartupError, RuntimeError) as error:
         if local_rank == 0:
             say("FAIL", str(error))
-        sys.exit(1)
+            sys.exit(1)
+        return
     if rank == 0:
         print_roster(roster.members)
     if roster.problems:
         if local_rank == 0:
             say("FAIL", describe(roster))
-        sys.exit(1)
+            sys.exit(1)
+        return
     if local_rank == 0:
         say("ok", f"all {world} processes of {args.num_nodes} node(s) joined and agree on versions, code and config")
 
@@ -247,7 +253,7 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
             for path in comm_bench.write(rows, Path(args.out_dir), title):
                 say("ok", f"wrote {path}")
     dist.destroy_process_group()
-    if failed or any(any(p.values()) for p in everyone):
+    if failed:
         sys.exit(1)
 
 
