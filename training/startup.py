@@ -81,8 +81,11 @@ def handshake(
             roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast)
         except StartupError as error:
             store.set(f"{PREFIX}/verdict", json.dumps({"error": str(error)}))
+            _await_readers(store)
             raise
         store.set(f"{PREFIX}/verdict", json.dumps(asdict(roster)))
+        if roster.problems:
+            _await_readers(store)
         return roster
     try:
         store.wait([f"{PREFIX}/verdict"], timeout + VERDICT_GRACE)
@@ -92,9 +95,20 @@ def handshake(
             "Node 0 stopped or lost the connection: its log says why."
         ) from error
     verdict = json.loads(store.get(f"{PREFIX}/verdict"))
+    store.add(f"{PREFIX}/read", 1)
     if "error" in verdict:
         raise StartupError(verdict["error"])
     return Roster([Member(**member) for member in verdict["members"]], verdict["problems"])
+
+
+def _await_readers(store: Store) -> None:
+    """Keep the store (hosted by the leader's process) up until every process that reported has read a
+    negative verdict, so each node stops with the reason rather than a lost connection; bounded by
+    VERDICT_GRACE for a process that died meanwhile."""
+    others = store.add(f"{PREFIX}/count", 0) - 1
+    deadline = time.monotonic() + VERDICT_GRACE.total_seconds()
+    while store.add(f"{PREFIX}/read", 0) < others and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def describe(roster: Roster) -> str:
