@@ -69,10 +69,12 @@ def processes_in(directory: Path) -> list[int]:
     return found
 
 
-def wait_for_line(log: Path, text: str, timeout: float = 120) -> None:
+def wait_for_step(progress: Path, step: int, timeout: float = 120) -> None:
+    """Wait until the file tests.probe.SlowDown writes shows at least ``step``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and text in log.read_text():
+        written = progress.read_text() if progress.exists() else ""
+        if written.isdigit() and int(written) >= step:
             return
-        time.sleep(0.5)
-    raise AssertionError(f"{text!r} never appeared in {log}")
+        time.sleep(0.1)
+    raise AssertionError(f"{progress} never reached step {step}")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cluster import finish, launch, processes_in
+from tests.cluster import finish, launch, processes_in, wait_for_step
 from tests.conftest import copy_project, free_port
 
 pytestmark = pytest.mark.distributed
@@ -32,8 +32,12 @@ def run_args(project: Path, run_id: str, epochs: int = EPOCHS) -> list[str]:
         "--model.init_args.dropout=0.2",
         "--trainer.callbacks+=tests.probe.SlowDown",
         "--trainer.callbacks.seconds=0.01",
-        f"--trainer.callbacks.progress_file={project / f'{run_id}.step'}",
+        f"--trainer.callbacks.progress_file={progress_file(project, run_id)}",
     ]
+
+
+def progress_file(project: Path, run_id: str) -> Path:
+    return project / f"{run_id}.step"
 
 
 def last_checkpoint(project: Path, run_id: str) -> dict:
@@ -44,17 +48,6 @@ def assert_same_parameters(checkpoint: dict, reference: dict) -> None:
     assert checkpoint["global_step"] == reference["global_step"] == EPOCHS * STEPS_PER_EPOCH
     for name, value in reference["state_dict"].items():
         assert torch.equal(checkpoint["state_dict"][name], value), name
-
-
-def wait_for_step(project: Path, run_id: str, step: int, timeout: float = 120) -> None:
-    progress = project / f"{run_id}.step"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        written = progress.read_text() if progress.exists() else ""
-        if written.isdigit() and int(written) >= step:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} never reached step {step}")
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +79,7 @@ def test_resuming_at_an_epoch_boundary_repeats_the_uninterrupted_run(project, re
 def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_rerun_continues_it_exactly(project, reference):
     port = str(free_port())
     process = launch(project, "cpu:2", 0, *run_args(project, "preempted"), RUN_ID="preempted", MASTER_PORT=port)
-    wait_for_step(project, "preempted", STEPS_PER_EPOCH + 10)
+    wait_for_step(progress_file(project, "preempted"), STEPS_PER_EPOCH + 10)
     process.send_signal(signal.SIGTERM)
     output = finish(process, timeout=120)  # a clean exit: status 0
     saved = last_checkpoint(project, "preempted")
@@ -105,7 +98,7 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_resumes(project, reference
     port = str(free_port())
     settings = {"RUN_ID": "elastic", "MASTER_PORT": port, "LAUNCHER": "torchrun"}
     process = launch(project, "cpu:2", 0, *run_args(project, "elastic"), **settings)
-    wait_for_step(project, "elastic", STEPS_PER_EPOCH + 10)
+    wait_for_step(progress_file(project, "elastic"), STEPS_PER_EPOCH + 10)
     workers = [
         pid
         for pid in processes_in(project)

@@ -17,7 +17,7 @@ from tests.cluster import (
     launcher_env,
     probe_args,
     processes_in,
-    wait_for_line,
+    wait_for_step,
     written_files,
 )
 from tests.conftest import copy_project, free_port
@@ -124,8 +124,20 @@ def test_dry_run_keeps_an_explicit_nccl_interface_and_builds_the_torchrun_comman
 
 
 def start_long_run(node: Path, **settings: str) -> subprocess.Popen:
-    process = launch(node, "cpu:2", 0, "--trainer.max_epochs=1000", "--trainer.enable_progress_bar=false", **settings)
-    wait_for_line(node / "logs" / "nodes" / "node0.log", "All distributed processes registered")
+    """A run that trains until stopped, returned once it has trained a few steps."""
+    pace = ["--trainer.callbacks+=tests.probe.SlowDown", "--trainer.callbacks.seconds=0.001"]
+    progress = node / "train.step"
+    process = launch(
+        node,
+        "cpu:2",
+        0,
+        "--trainer.max_epochs=1000",
+        "--trainer.enable_progress_bar=false",
+        *pace,
+        f"--trainer.callbacks.progress_file={progress}",
+        **settings,
+    )
+    wait_for_step(progress, 5)
     return process
 
 

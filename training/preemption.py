@@ -1,41 +1,76 @@
 """Save the run's last checkpoint when the job is told to stop (SIGTERM, or SIGUSR1 from SLURM), then exit 0."""
 
-import os
 import signal
 import threading
 from types import FrameType
 
+import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from training.resume import last_checkpoint_path
 
-
-def _as_sigterm(signum: int, frame: FrameType | None) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class PreemptionCheckpoint(Callback):
-    """Writes ``last.ckpt`` at the batch where a stop signal arrived, so the same command resumes from there.
+    """Stops every rank after the same training batch when a stop signal arrives, with ``last.ckpt`` saved there.
 
-    On SIGTERM, Lightning lets every rank finish its current batch, then raises ``SIGTERMException`` on all
-    of them together; this callback saves the checkpoint at that point and the process exits with status 0.
-    SIGUSR1, which SLURM sends ahead of a time limit or preemption (``#SBATCH --signal``), is handled the same
-    way; taking it over also keeps Lightning's own SLURM handler from writing a second checkpoint elsewhere.
+    The signal handler only notes the request (and passes the signal on to the processes Lightning started
+    on this node). After each training batch the ranks agree, with a one-number all-reduce on a CPU
+    (gloo) channel, whether any of them was asked to stop; if so, all raise Lightning's ``SIGTERMException``
+    together, this callback saves the checkpoint, and the process exits with status 0. A stop requested
+    during validation takes effect after the next training batch.
+
+    This replaces Lightning's own SIGTERM handler, which runs a broadcast inside the signal handler: the
+    ranks run it at unrelated points of their step, and it can pair with another rank's gradient
+    all-reduce and hang the job. SIGUSR1, which SLURM sends ahead of a time limit or preemption
+    (``#SBATCH --signal``), is handled the same way, which also keeps Lightning's SLURM handler from writing
+    a second checkpoint elsewhere.
     """
 
     def __init__(self) -> None:
-        self._previous_handler: signal.Handlers | None = None
+        self._requested = False
+        self._channel: dist.ProcessGroup | None = None
+        self._previous_handlers: dict[int, signal.Handlers] = {}
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage == "fit" and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGUSR1, _as_sigterm)
+        if stage == "fit" and trainer.world_size > 1 and dist.get_backend() != "gloo":
+            self._channel = dist.new_group(backend="gloo")  # no GPU synchronisation for a flag
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGUSR1, self._previous_handler)
-            self._previous_handler = None
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After Lightning registered its handlers, which it restores when the run ends.
+        if threading.current_thread() is threading.main_thread():
+            self._requested = False
+            for signum in SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, self._handler(trainer))
+
+    def _handler(self, trainer: Trainer):
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            launcher = trainer.strategy.launcher
+            if not self._requested and isinstance(launcher, _SubprocessScriptLauncher):
+                launcher.kill(signal.SIGTERM)
+            self._requested = True
+
+        return request_stop
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        requested = self._requested
+        if trainer.world_size > 1:
+            flag = torch.tensor([int(requested)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._channel)
+            requested = bool(flag.item())
+        if requested:
+            raise SIGTERMException
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After an exception, Lightning's teardown restores what it found before the run instead.
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
