@@ -81,7 +81,9 @@ class CLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:
-            self.parser.error(str(error))
+            # jsonargparse wraps the constructor's message in a report on each type it tried (the class, then
+            # None); the constructor's own message is the one that names the flag and the fix.
+            self.parser.error(str(error.__cause__ if isinstance(error.__cause__, ValueError) else error))
 
 
 def main(args: list[str] | None = None) -> CLI:
