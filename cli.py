@@ -63,10 +63,12 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
 
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Shapes come from the data, so a config never states them twice. jsonargparse skips these
+        # Shapes and token ids come from the data, so a config never states them twice. jsonargparse skips these
         # links for a model or data module without the attributes.
         parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
         parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
+        for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         # Without this, a mistyped path surfaces as a FileNotFoundError traceback from every rank.
