@@ -10,7 +10,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ ONES = [
 ]
 TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 # Every character the built-in task can produce, so its vocabulary is known before any corpus exists.
-BUILTIN_ALPHABET = sorted(set("".join(ONES + TENS) + "hundred thousand -0123456789"))
+BUILTIN_ALPHABET = sorted(set("".join(ONES + TENS) + "hundred thousand -,0123456789"))
 
 
 def number_to_words(number: int) -> str:
@@ -54,13 +54,20 @@ def number_to_words(number: int) -> str:
 
 
 def builtin_pairs(num_pairs: int, max_digits: int, seed: int) -> list[tuple[str, str]]:
-    """Distinct numbers with a uniformly drawn digit count, so short numbers are as common as the long ones allow."""
+    """Distinct numbers with a uniformly drawn digit count, so short numbers are as common as the long ones allow,
+    and one in four rounded (``12,000``), as people often write numbers. Sources have a comma before the
+    thousands (``"305,017"``).
+    """
     rng = random.Random(seed)
     numbers: dict[int, None] = {}  # a dict keeps the draw order, so the corpus is the same on every run
     while len(numbers) < num_pairs:
         digits = rng.randint(1, max_digits)
-        numbers[rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)] = None
-    return [(str(n), number_to_words(n)) for n in numbers]
+        number = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+        if rng.random() < 0.25:
+            unit = 10 ** rng.randrange(digits)
+            number = number // unit * unit
+        numbers[number] = None
+    return [(f"{n:,}", number_to_words(n)) for n in numbers]
 
 
 def _lines(path: Path, flag: str) -> Iterator[tuple[int, str]]:
@@ -213,7 +220,7 @@ class Seq2SeqDataModule(LightningDataModule):
     """Pairs of strings for a character-level sequence-to-sequence model.
 
     With ``path`` unset, ``prepare_data`` writes a built-in corpus (numbers to English words,
-    ``"305017" -> "three hundred five thousand seventeen"``) to ``data_dir``.
+    ``"305,017" -> "three hundred five thousand seventeen"``) to ``data_dir``.
 
     Args:
         path: your parallel data: ``.tsv`` (``source<TAB>target`` per line) or ``.jsonl``
@@ -221,7 +228,8 @@ class Seq2SeqDataModule(LightningDataModule):
         data_dir: where the built-in corpus is written.
         num_pairs: size of the built-in corpus.
         max_digits: the built-in corpus has numbers of 1 to ``max_digits`` digits (at most 6).
-        val_fraction: share of the pairs held out for validation, chosen with ``seed``.
+        val_fraction: share of the distinct sources held out for validation, chosen with ``seed``. Every pair
+            of a held-out source leaves training; validation scores each held-out source once.
         batch_size: pairs per batch **per process**.
         group_by_length: batch training pairs of similar length, so batches carry less padding.
         predict_path: a UTF-8 file with one source per line, for ``predict``.
@@ -250,9 +258,9 @@ class Seq2SeqDataModule(LightningDataModule):
                 raise ValueError(f"data.{name} must be a positive integer, got {locals()[name]}")
         if not 1 <= max_digits <= 6:
             raise ValueError(f"data.max_digits must be between 1 and 6, got {max_digits}")
-        if num_pairs > 10**max_digits // 2:
+        if path is None and num_pairs > 10**max_digits // 2:
             raise ValueError(
-                f"data.num_pairs={num_pairs} is more than half of the {10**max_digits} numbers with "
+                f"data.num_pairs={num_pairs} is more than half of the {10**max_digits} numbers of up to "
                 f"data.max_digits={max_digits} digits; lower it or raise data.max_digits"
             )
         if not 0 < val_fraction < 1:
@@ -263,17 +271,22 @@ class Seq2SeqDataModule(LightningDataModule):
         # A user file is read here, read-only on every rank, so a bad line stops the run before it starts.
         self.pairs = read_pairs(path) if path else None
         self.predict_sources = read_sources(predict_path) if predict_path else None
-        total = len(self.pairs) if self.pairs else num_pairs
-        self.num_val = max(1, round(total * val_fraction))
-        if not 0 < self.num_val < total:
-            raise ValueError(
-                f"data.val_fraction={val_fraction} of {total} pairs leaves {self.num_val} for validation "
-                f"and {total - self.num_val} for training; both need at least one"
-            )
+        if self.pairs is not None:
+            self._num_val({source for source, _ in self.pairs})
         alphabet = sorted({c for pair in self.pairs for text in pair for c in text}) if self.pairs else BUILTIN_ALPHABET
         self.vocab = [*SPECIALS, *alphabet]
         self.pad_id, self.bos_id, self.eos_id = PAD, BOS, EOS
         self.splits: dict[str, list[tuple[str, str]]] = {}
+
+    def _num_val(self, sources: Collection[str]) -> int:
+        """How many distinct sources to hold out for validation; at least one, and at least one left to train on."""
+        num_val = max(1, round(len(sources) * self.hparams.val_fraction))
+        if num_val >= len(sources):
+            raise ValueError(
+                f"data.val_fraction={self.hparams.val_fraction} of {len(sources)} distinct sources leaves "
+                f"{len(sources) - num_val} to train on; lower data.val_fraction or add data"
+            )
+        return num_val
 
     @property
     def vocab_size(self) -> int:
@@ -299,9 +312,14 @@ class Seq2SeqDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate") and not self.splits:
             pairs = self.pairs if self.pairs is not None else read_pairs(self.corpus_path, "data.data_dir")
-            order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
-            self.splits["val"] = [pairs[i] for i in order[: self.num_val]]
-            self.splits["train"] = [pairs[i] for i in order[self.num_val :]]
+            # Split by source, so no validation source was trained on; validation scores each source once.
+            first_target = dict(reversed(pairs))  # each source's first target in the file
+            sources = list(dict.fromkeys(source for source, _ in pairs))
+            order = torch.randperm(len(sources), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+            held_out = [sources[i] for i in order[: self._num_val(sources)]]
+            self.splits["val"] = [(source, first_target[source]) for source in held_out]
+            held_out = set(held_out)
+            self.splits["train"] = [pair for pair in pairs if pair[0] not in held_out]
         if stage == "predict" and self.predict_sources is None:
             raise ValueError("predict needs data.predict_path: a file with one source per line")
 
@@ -328,10 +346,12 @@ class Seq2SeqDataModule(LightningDataModule):
         return "".join(text)
 
     def _dataset(self, sources: list[str], targets: list[str] | None = None) -> Seq2SeqDataset:
-        # Encoded when a loader is built, after a checkpoint's vocabulary has been restored.
+        # Encoded when a loader is built, after a checkpoint's vocabulary has been restored. Sources end
+        # with the end token too: attending to it tells the encoder how far each character is from the end.
+        encoded_sources = [[*ids, EOS] for ids in self.encode(sources)]
         if targets is None:
-            return Seq2SeqDataset(self.encode(sources))
-        return Seq2SeqDataset(self.encode(sources), [[BOS, *ids, EOS] for ids in self.encode(targets)])
+            return Seq2SeqDataset(encoded_sources)
+        return Seq2SeqDataset(encoded_sources, [[BOS, *ids, EOS] for ids in self.encode(targets)])
 
     def _loader(self, dataset: Seq2SeqDataset, **kwargs) -> DataLoader:
         return DataLoader(

@@ -36,13 +36,14 @@ def test_number_to_words_gives_the_english_names():
 
 
 def test_builtin_corpus_is_seeded_distinct_and_spans_every_length():
-    pairs = builtin_pairs(2000, max_digits=6, seed=1)
-    assert pairs == builtin_pairs(2000, max_digits=6, seed=1)
-    assert pairs != builtin_pairs(2000, max_digits=6, seed=2)
-    sources = [s for s, _ in pairs]
-    assert len(set(sources)) == 2000
-    assert {len(s) for s in sources} == {1, 2, 3, 4, 5, 6}
-    assert all(t == number_to_words(int(s)) for s, t in pairs)
+    pairs = builtin_pairs(3000, max_digits=6, seed=1)
+    assert pairs == builtin_pairs(3000, max_digits=6, seed=1)
+    assert pairs != builtin_pairs(3000, max_digits=6, seed=2)
+    numbers = [int(s.replace(",", "")) for s, _ in pairs]
+    assert all(s == f"{n:,}" and t == number_to_words(n) for n, (s, t) in zip(numbers, pairs, strict=True))
+    assert len(set(numbers)) == 3000
+    assert {len(str(n)) for n in numbers} == {1, 2, 3, 4, 5, 6}
+    assert sum(n >= 1000 and n % 1000 == 0 for n in numbers) > 0.02 * len(pairs)  # round thousands come up
 
 
 def test_prepare_data_writes_the_corpus_once_and_atomically(tmp_path):
@@ -52,8 +53,7 @@ def test_prepare_data_writes_the_corpus_once_and_atomically(tmp_path):
     data.prepare_data()
     assert data.corpus_path.stat().st_mtime_ns == written
     assert [p.name for p in data.corpus_path.parent.iterdir()] == [data.corpus_path.name]  # no temporary file left
-    data.setup("fit")
-    assert len(data.splits["train"]) + len(data.splits["val"]) == 100
+    assert len(data.corpus_path.read_text().splitlines()) == 100
 
 
 def test_builtin_vocabulary_covers_its_corpus_without_unknown_tokens(tmp_path):
@@ -141,6 +141,11 @@ def test_empty_missing_undecodable_and_unknown_format_files_are_refused(tmp_path
         assert message in str(error.value), name
 
 
+def test_a_builtin_corpus_larger_than_half_its_numbers_is_refused():
+    with pytest.raises(ValueError, match="data.num_pairs=600 is more than half of the 1000 numbers"):
+        Seq2SeqDataModule(num_pairs=600, max_digits=3)
+
+
 def test_bad_predict_file_is_named(tmp_path):
     path = write(tmp_path / "sources.txt", ["12", "", "7"])
     with pytest.raises(ValueError) as error:
@@ -152,14 +157,15 @@ def test_bad_predict_file_is_named(tmp_path):
     ("flag", "value", "message"),
     [
         ("val_fraction", 0.0, "data.val_fraction must be between 0 and 1"),
-        ("val_fraction", 0.9999, "and 0 for training"),
+        ("val_fraction", 0.9, "data.val_fraction=0.9 of 3 distinct sources leaves 0 to train on"),
         ("batch_size", 0, "data.batch_size must be a positive integer"),
-        ("num_pairs", 600, "data.num_pairs=600 is more than half of the 1000 numbers"),
+        ("max_digits", 7, "data.max_digits must be between 1 and 6"),
     ],
 )
-def test_impossible_settings_name_the_flag(flag, value, message):
+def test_impossible_settings_name_the_flag(tmp_path, flag, value, message):
+    path = write(tmp_path / "pairs.tsv", ["a\tx", "b\ty", "c\tz", "a\tw"])
     with pytest.raises(ValueError, match=message):
-        Seq2SeqDataModule(**{"max_digits": 3, "num_pairs": 400, flag: value})
+        Seq2SeqDataModule(path=str(path), **{flag: value})
 
 
 def test_bad_data_stops_the_cli_before_training_with_one_clear_line(run_cli, capsys, tmp_path):
@@ -202,16 +208,30 @@ def test_checkpoint_vocabulary_replaces_the_rebuilt_one(tmp_path):
     assert rebuilt.encode(["ab", "wz"]) == trained.encode(["ab", "wz"])
 
 
-def test_validation_split_is_seeded_and_disjoint(tmp_path):
+def test_validation_split_is_seeded_and_holds_out_whole_sources(tmp_path):
     def split(seed):
-        data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=500, val_fraction=0.1, seed=seed)
+        data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=2000, val_fraction=0.1, seed=seed)
         data.prepare_data()
         data.setup("fit")
         return data.splits
 
     first, again, other = split(0), split(0), split(1)
     assert first == again and first["val"] != other["val"]
-    assert len(first["val"]) == 50 and not set(first["val"]) & set(first["train"])
+    sources = {s for pairs in first.values() for s, _ in pairs}
+    val_sources = [s for s, _ in first["val"]]
+    assert len(val_sources) == len(set(val_sources)) == round(0.1 * len(sources))
+    assert not set(val_sources) & {s for s, _ in first["train"]}
+
+
+def test_a_repeated_source_stays_on_one_side_and_is_validated_once(tmp_path):
+    lines = ["a\tx", "b\ty", "a\tz", "c\tw", "a\tx", "d\tv"]
+    pairs = [tuple(line.split("\t")) for line in lines]
+    for seed in range(4):
+        data = Seq2SeqDataModule(path=str(write(tmp_path / "pairs.tsv", lines)), val_fraction=0.25, seed=seed)
+        data.setup("fit")
+        ((held_out, target),) = data.splits["val"]
+        assert target == next(t for s, t in pairs if s == held_out)  # a repeated source's first target
+        assert data.splits["train"] == [pair for pair in pairs if pair[0] != held_out]
 
 
 def test_length_grouping_covers_every_pair_once_with_less_padding(tmp_path):

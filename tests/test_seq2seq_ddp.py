@@ -1,28 +1,28 @@
 """The seq2seq example under DDP: real 2-process gloo runs of ``cli.py fit`` and ``cli.py predict``."""
 
+import math
+
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from data import Seq2SeqDataModule
 from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
 
 pytestmark = pytest.mark.distributed
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")
-# A small corpus and model so a run takes seconds. 33 validation pairs: an odd count, which
-# Lightning's default DistributedSampler would even out by repeating one.
+# A small corpus and model, so a run takes seconds.
+SMALL_DATA = {"num_pairs": 330, "max_digits": 3, "val_fraction": 0.1, "batch_size": 16}
 SMALL = [
-    "--data.init_args.num_pairs=330",
-    "--data.init_args.max_digits=3",
-    "--data.init_args.val_fraction=0.1",
-    "--data.init_args.batch_size=16",
+    *(f"--data.init_args.{key}={value}" for key, value in SMALL_DATA.items()),
     "--model.init_args.d_model=32",
     "--model.init_args.num_encoder_layers=1",
     "--model.init_args.num_decoder_layers=1",
     "--model.init_args.dim_feedforward=64",
     "--model.init_args.warmup_steps=10",
 ]
-# Sources the model has not seen: out of the corpus range, an unknown character, in no particular order.
+# Sources in no particular order, one beyond the corpus range and one with a character the vocabulary lacks.
 SOURCES = ["905", "12", "7", "x1", "123456", "40", "3"]
 LAST = "logs/seq2seq/version_0/checkpoints/last.ckpt"
 
@@ -88,15 +88,24 @@ def test_every_rank_built_the_same_vocabulary_and_the_checkpoint_holds_it(fit_ru
     assert checkpoint["state_dict"]["embedding.weight"].size(0) == len(vocabularies[0])
 
 
+def small_splits(workdir) -> dict[str, list]:
+    data = Seq2SeqDataModule(**SMALL_DATA, data_dir=str(workdir / "cache"))
+    data.setup("fit")
+    return data.splits
+
+
 def test_ranks_trained_on_disjoint_shards_of_the_training_split(fit_run):
-    _, records = fit_run
+    workdir, records = fit_run
+    num_train = len(small_splits(workdir)["train"])
     first, second = (set(r["inputs"].tolist()) for r in records)
-    assert len(records[0]["inputs"]) == len(records[1]["inputs"]) == 149  # 297 pairs: one rank repeats one pair
-    assert len(first | second) == 297
+    assert len(records[0]["inputs"]) == len(records[1]["inputs"]) == math.ceil(num_train / 2)
+    assert len(first | second) == num_train
 
 
 def test_metrics_gathered_over_two_ranks_equal_a_single_process_evaluation(fit_run, run_cli):
     workdir, _ = fit_run
+    # An odd count, which Lightning's default DistributedSampler would even out by repeating a pair.
+    assert len(small_splits(workdir)["val"]) % 2 == 1
     events = EventAccumulator(str(workdir / "logs" / "seq2seq" / "version_0"))
     events.Reload()
     single = run_cli(
