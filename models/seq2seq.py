@@ -150,14 +150,19 @@ class Seq2SeqTransformer(LightningModule):
         # Sums over every rank's tokens and sequences (torchmetrics syncs the states), not means of rank means.
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", "token_acc", "exact_match")})
 
-    def embed(self, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Token embeddings plus the position code of positions ``offset, offset + 1, ...``."""
-        positions = sinusoidal_positions(offset + ids.size(1), self.hparams.d_model, ids.device)[offset:]
-        return self.dropout(self.embedding(ids) + positions)
+    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus the position code of ``positions`` (broadcastable to ``ids``)."""
+        code = sinusoidal_positions(int(positions.max()) + 1, self.hparams.d_model, ids.device)
+        return self.dropout(self.embedding(ids) + code[positions])
 
     def encode(self, source: torch.Tensor, source_padding_mask: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         """Each decoder layer's cross-attention keys and values of the source."""
-        memory = self.encoder(self.embed(source), src_key_padding_mask=source_padding_mask)
+        # The encoder reads the whole source at once, so its positions can count from either end. Counted back
+        # from the end, the last characters (a number's units, a word's ending) sit at the same positions in
+        # every source, whatever its length.
+        lengths = (~source_padding_mask).sum(dim=1, keepdim=True)
+        positions = (lengths - 1 - torch.arange(source.size(1), device=source.device)).clamp(min=0)
+        memory = self.encoder(self.embed(source, positions), src_key_padding_mask=source_padding_mask)
         return [layer.memory_keys_values(memory) for layer in self.decoder]
 
     def forward(
@@ -173,7 +178,7 @@ class Seq2SeqTransformer(LightningModule):
         length = target.size(1) - 1
         causal = torch.ones(length, length, dtype=torch.bool, device=target.device).tril()
         self_mask = causal & ~target_padding_mask[:, None, None, :-1]
-        hidden = self.embed(target[:, :-1])
+        hidden = self.embed(target[:, :-1], torch.arange(length, device=target.device))
         for layer, layer_memory in zip(self.decoder, memory, strict=True):
             hidden, _ = layer(hidden, layer_memory, memory_mask, self_mask)
         return self.head(self.decoder_norm(hidden))
@@ -187,7 +192,7 @@ class Seq2SeqTransformer(LightningModule):
         done = torch.zeros(len(source), dtype=torch.bool, device=source.device)
         generated = []
         for step in range(max_length):
-            hidden = self.embed(token, offset=step)
+            hidden = self.embed(token, torch.tensor([step], device=token.device))
             for i, (layer, layer_memory) in enumerate(zip(self.decoder, memory, strict=True)):
                 hidden, caches[i] = layer(hidden, layer_memory, memory_mask, cache=caches[i])
             token = self.head(self.decoder_norm(hidden)).argmax(-1).masked_fill(done[:, None], self.hparams.pad_id)
