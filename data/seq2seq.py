@@ -316,10 +316,11 @@ class Seq2SeqDataModule(LightningDataModule):
             first_target = dict(reversed(pairs))  # each source's first target in the file
             sources = list(dict.fromkeys(source for source, _ in pairs))
             order = torch.randperm(len(sources), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+            # A list, not a set: every rank must see the validation pairs in the same order to shard them.
             held_out = [sources[i] for i in order[: self._num_val(sources)]]
             self.splits["val"] = [(source, first_target[source]) for source in held_out]
-            held_out = set(held_out)
-            self.splits["train"] = [pair for pair in pairs if pair[0] not in held_out]
+            held_out_set = set(held_out)
+            self.splits["train"] = [pair for pair in pairs if pair[0] not in held_out_set]
         if stage == "predict" and self.predict_sources is None:
             raise ValueError("predict needs data.predict_path: a file with one source per line")
 

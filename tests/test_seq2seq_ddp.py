@@ -152,7 +152,7 @@ def test_predictions_are_written_once_in_input_order(predict_run, run_cli, tmp_p
     assert (tmp_path / "single.tsv").read_text(encoding="utf-8") == written
 
 
-def test_bad_input_stops_both_ranks_with_one_message(tmp_path):
+def test_bad_input_stops_a_two_process_run_before_it_starts_with_one_message(tmp_path):
     (tmp_path / "pairs.jsonl").write_text('{"source": "1", "target": "one"}\n{"source": "2", "text": "two"}\n')
     result = run_script(
         [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "-c", SEQ2SEQ_YAML, "--data.init_args.path=pairs.jsonl"],
