@@ -76,10 +76,12 @@ class CLI(LightningCLI):
     resumed_step: int | None = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        # Shapes come from the data, so a config never states them twice. jsonargparse skips these
+        # Shapes and token ids come from the data, so a config never states them twice. jsonargparse skips these
         # links for a model or data module without the attributes.
         parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
         parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
+        for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
+            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -105,7 +107,9 @@ class CLI(LightningCLI):
         try:
             super().instantiate_classes()
         except ValueError as error:
-            self.parser.error(str(error))
+            # jsonargparse wraps the constructor's message in a report on each type it tried (the class, then
+            # None); the constructor's own message is the one that names the flag and the fix.
+            self.parser.error(str(error.__cause__ if isinstance(error.__cause__, ValueError) else error))
 
     def after_instantiate_classes(self) -> None:
         strategy = self.trainer.strategy

@@ -1,3 +1,4 @@
 from data.random_data import RandomDataModule
+from data.seq2seq import Seq2SeqDataModule, Seq2SeqPredictionWriter
 
-__all__ = ["RandomDataModule"]
+__all__ = ["RandomDataModule", "Seq2SeqDataModule", "Seq2SeqPredictionWriter"]

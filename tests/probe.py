@@ -12,10 +12,17 @@ from torch.optim import Optimizer
 
 class RankProbe(Callback):
     """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, inputs seen in epoch 0, final parameters,
-    the precision setting and the dtypes the model's layers (leaf modules with weights) computed in training."""
+    the DataModule's state, the precision setting and the dtypes the model's layers (leaf modules with weights)
+    computed in training.
 
-    def __init__(self, out_dir: str) -> None:
+    Args:
+        out_dir: where to write.
+        input_key: which part of a batch to record as its inputs: a position in a tuple batch or a key of a dict batch.
+    """
+
+    def __init__(self, out_dir: str, input_key: int | str = 0) -> None:
         self.out_dir = Path(out_dir)
+        self.input_key = input_key
         self.inputs: list[torch.Tensor] = []
         self.layer_dtypes: set[str] = set()
 
@@ -30,7 +37,7 @@ class RankProbe(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0:
-            self.inputs.append(batch[0].detach().cpu().clone())
+            self.inputs.append(batch[self.input_key].detach().cpu().clone())
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -45,6 +52,7 @@ class RankProbe(Callback):
             "layer_dtypes": sorted(self.layer_dtypes),
             "inputs": torch.cat(self.inputs),
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
+            "datamodule_state": trainer.datamodule.state_dict() if trainer.datamodule else {},
         }
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
 

@@ -1,0 +1,431 @@
+"""Character-level parallel text: your own TSV/JSONL pairs or a built-in numbers-to-words corpus.
+
+Everything every rank must agree on is derived without a race: the vocabulary is built at
+construction (from the task definition, or by reading your file read-only on every rank) in sorted
+order; the built-in corpus is written once per node in ``prepare_data``, atomically; the validation
+split comes from a seeded generator in ``setup``.
+"""
+
+import json
+import os
+import random
+import tempfile
+from collections.abc import Collection, Iterator, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
+
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+PAD, BOS, EOS, UNK = range(len(SPECIALS))
+
+ONES = [
+    *("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"),
+    *("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"),
+]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+# Every character the built-in task can produce, so its vocabulary is known before any corpus exists.
+BUILTIN_ALPHABET = sorted(set("".join(ONES + TENS) + "hundred thousand -,0123456789"))
+
+
+def number_to_words(number: int) -> str:
+    """``305017 -> "three hundred five thousand seventeen"`` (American English, no "and"), for 0..999,999."""
+
+    def below_thousand(n: int) -> list[str]:
+        words = [ONES[n // 100], "hundred"] if n >= 100 else []
+        n %= 100
+        if n >= 20:
+            words.append(TENS[n // 10] + (f"-{ONES[n % 10]}" if n % 10 else ""))
+        elif n:
+            words.append(ONES[n])
+        return words
+
+    if number == 0:
+        return "zero"
+    thousands, rest = divmod(number, 1000)
+    words = [*below_thousand(thousands), "thousand"] if thousands else []
+    return " ".join(words + below_thousand(rest))
+
+
+def builtin_pairs(num_pairs: int, max_digits: int, seed: int) -> list[tuple[str, str]]:
+    """Distinct numbers with a uniformly drawn digit count, so short numbers are as common as the long ones allow,
+    and one in four rounded (``12,000``), as people often write numbers. Sources have a comma before the
+    thousands (``"305,017"``).
+    """
+    rng = random.Random(seed)
+    numbers: dict[int, None] = {}  # a dict keeps the draw order, so the corpus is the same on every run
+    while len(numbers) < num_pairs:
+        digits = rng.randint(1, max_digits)
+        number = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+        if rng.random() < 0.25:
+            unit = 10 ** rng.randrange(digits)
+            number = number // unit * unit
+        numbers[number] = None
+    return [(f"{n:,}", number_to_words(n)) for n in numbers]
+
+
+def _lines(path: Path, flag: str) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` of a UTF-8 file, with the failing line named if it is not UTF-8."""
+    if not path.is_file():
+        raise ValueError(f"{flag}: no such file: {path}")
+    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a BOM left by some Windows editors
+    if not raw.strip():
+        raise ValueError(f"{flag}: {path} is empty")
+    for number, line in enumerate(raw.removesuffix(b"\n").split(b"\n"), start=1):
+        try:
+            yield number, line.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{flag}: {path}:{number}: not valid UTF-8 ({error.reason}); save the file as UTF-8"
+            ) from None
+
+
+def _check_text(text: str, what: str) -> str | None:
+    if not text:
+        return f"empty {what}"
+    if "\t" in text or "\n" in text:
+        return f"the {what} contains a tab or line break, which a source<TAB>prediction line could not hold"
+    return None
+
+
+def read_pairs(path: str | Path, flag: str = "data.path") -> list[tuple[str, str]]:
+    """Parse ``source<TAB>target`` lines (``.tsv``, ``.txt``) or ``{"source": ..., "target": ...}`` lines (``.jsonl``).
+
+    The whole file is checked before anything uses it; the first bad line raises a ValueError naming
+    ``flag``, the file, the line number, the problem and the expected format.
+    """
+    path = Path(path)
+    if path.suffix not in (".tsv", ".txt", ".jsonl"):
+        raise ValueError(f"{flag}: {path}: unknown format; name the file .tsv (source<TAB>target) or .jsonl")
+    jsonl = path.suffix == ".jsonl"
+    expected = '{"source": "...", "target": "..."}' if jsonl else "source<TAB>target"
+    pairs = []
+    for number, line in _lines(path, flag):
+        if jsonl:
+            pair, problem = _parse_json_line(line)
+        else:
+            pair, problem = _parse_tsv_line(line)
+        problem = problem or _check_text(pair[0], "source") or _check_text(pair[1], "target")
+        if problem:
+            raise ValueError(f"{flag}: {path}:{number}: {problem}; each line must be {expected}")
+        pairs.append(pair)
+    return pairs
+
+
+def _parse_tsv_line(line: str) -> tuple[tuple[str, str], str | None]:
+    if not line:
+        return ("", ""), "empty line"
+    fields = line.split("\t")
+    if len(fields) != 2:
+        return ("", ""), "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs, expected one"
+    return (fields[0], fields[1]), None
+
+
+def _parse_json_line(line: str) -> tuple[tuple[str, str], str | None]:
+    try:
+        record = json.loads(line) if line else None
+    except json.JSONDecodeError as error:
+        return ("", ""), f"not valid JSON ({error.msg} at column {error.colno})"
+    if not isinstance(record, dict):
+        return ("", ""), "empty line" if not line else "not a JSON object"
+    unknown = sorted(set(record) - {"source", "target"})
+    if unknown:
+        return ("", ""), f"unknown field {unknown[0]!r}"
+    missing = [key for key in ("source", "target") if key not in record]
+    if missing:
+        return ("", ""), f"missing field {missing[0]!r}"
+    if not all(isinstance(record[key], str) for key in ("source", "target")):
+        return ("", ""), "source and target must be strings"
+    return (record["source"], record["target"]), None
+
+
+def read_sources(path: str | Path, flag: str = "data.predict_path") -> list[str]:
+    """One source per line, checked like :func:`read_pairs`."""
+    sources = []
+    for number, line in _lines(Path(path), flag):
+        problem = _check_text(line, "source")
+        if problem:
+            raise ValueError(f"{flag}: {path}:{number}: {problem}; give one source per line")
+        sources.append(line)
+    return sources
+
+
+class Seq2SeqDataset(Dataset):
+    """Token-id sequences, ``targets`` None for prediction; items carry their index to put outputs back in order."""
+
+    def __init__(self, sources: list[list[int]], targets: list[list[int]] | None = None) -> None:
+        self.sources = sources
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def __getitem__(self, index: int) -> tuple[int, list[int], list[int] | None]:
+        return index, self.sources[index], self.targets[index] if self.targets is not None else None
+
+
+def pad(sequences: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest sequence of this batch; the mask is True on padding (PyTorch's key_padding_mask)."""
+    ids = pad_sequence([torch.tensor(s) for s in sequences], batch_first=True, padding_value=PAD)
+    lengths = torch.tensor([len(s) for s in sequences])
+    return ids, torch.arange(ids.size(1)) >= lengths[:, None]
+
+
+def collate(items: list[tuple[int, list[int], list[int] | None]]) -> dict[str, torch.Tensor]:
+    """``index``, ``source``, ``source_padding_mask`` and, with targets, ``target``, ``target_padding_mask``."""
+    indices, sources, targets = zip(*items, strict=True)
+    batch = dict(zip(("source", "source_padding_mask"), pad(sources), strict=True))
+    batch["index"] = torch.tensor(indices)
+    if targets[0] is not None:
+        batch.update(zip(("target", "target_padding_mask"), pad(targets), strict=True))
+    return batch
+
+
+class LengthGroupedBatchSampler(BatchSampler):
+    """Batches of similar length: the indices ``sampler`` yields are cut into pools of ``pool_batches`` batches,
+    each pool is sorted by ``lengths`` and cut into batches, and the order of all batches is shuffled.
+
+    Under DDP, Lightning replaces ``sampler`` with a DistributedSampler, so each rank groups its own
+    shard and every rank gets the same number of batches.
+    """
+
+    def __init__(
+        self, sampler: Sampler[int], batch_size: int, drop_last: bool, lengths: Sequence[int], pool_batches: int = 50
+    ) -> None:
+        super().__init__(sampler, batch_size, drop_last)
+        self.lengths = lengths
+        self.pool_batches = pool_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        indices = list(self.sampler)
+        pool_size = self.batch_size * self.pool_batches
+        batches = []
+        for start in range(0, len(indices), pool_size):
+            pool = sorted(indices[start : start + pool_size], key=self.lengths.__getitem__)
+            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
+        if self.drop_last and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        # The global generator, seeded by seed_everything, so runs repeat and epochs differ.
+        for i in torch.randperm(len(batches)).tolist():
+            yield batches[i]
+
+
+class Seq2SeqDataModule(LightningDataModule):
+    """Pairs of strings for a character-level sequence-to-sequence model.
+
+    With ``path`` unset, ``prepare_data`` writes a built-in corpus (numbers to English words,
+    ``"305,017" -> "three hundred five thousand seventeen"``) to ``data_dir``.
+
+    Args:
+        path: your parallel data: ``.tsv`` (``source<TAB>target`` per line) or ``.jsonl``
+            (``{"source": ..., "target": ...}`` per line), UTF-8. Checked in full at start-up.
+        data_dir: where the built-in corpus is written.
+        num_pairs: size of the built-in corpus.
+        max_digits: the built-in corpus has numbers of 1 to ``max_digits`` digits (at most 6).
+        val_fraction: share of the distinct sources held out for validation, chosen with ``seed``. Every pair
+            of a held-out source leaves training; validation scores each held-out source once.
+        batch_size: pairs per batch **per process**.
+        group_by_length: batch training pairs of similar length, so batches carry less padding.
+        predict_path: a UTF-8 file with one source per line, for ``predict``.
+        num_workers: DataLoader worker processes.
+        seed: seed of the built-in corpus and of the validation split, independent of ``seed_everything``.
+
+    Attributes linked into the model by cli.py: ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        data_dir: str = "cache",
+        num_pairs: int = 40000,
+        max_digits: int = 6,
+        val_fraction: float = 0.05,
+        batch_size: int = 64,
+        group_by_length: bool = True,
+        predict_path: str | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        for name in ("num_pairs", "batch_size"):
+            if locals()[name] < 1:
+                raise ValueError(f"data.{name} must be a positive integer, got {locals()[name]}")
+        if not 1 <= max_digits <= 6:
+            raise ValueError(f"data.max_digits must be between 1 and 6, got {max_digits}")
+        if path is None and num_pairs > 10**max_digits // 2:
+            raise ValueError(
+                f"data.num_pairs={num_pairs} is more than half of the {10**max_digits} numbers of up to "
+                f"data.max_digits={max_digits} digits; lower it or raise data.max_digits"
+            )
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
+        if num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
+        self.save_hyperparameters()
+        # A user file is read here, read-only on every rank, so a bad line stops the run before it starts.
+        self.pairs = read_pairs(path) if path else None
+        self.predict_sources = read_sources(predict_path) if predict_path else None
+        if self.pairs is not None:
+            self._num_val({source for source, _ in self.pairs})
+        alphabet = sorted({c for pair in self.pairs for text in pair for c in text}) if self.pairs else BUILTIN_ALPHABET
+        self.vocab = [*SPECIALS, *alphabet]
+        self.pad_id, self.bos_id, self.eos_id = PAD, BOS, EOS
+        self.splits: dict[str, list[tuple[str, str]]] = {}
+
+    def _num_val(self, sources: Collection[str]) -> int:
+        """How many distinct sources to hold out for validation; at least one, and at least one left to train on."""
+        num_val = max(1, round(len(sources) * self.hparams.val_fraction))
+        if num_val >= len(sources):
+            raise ValueError(
+                f"data.val_fraction={self.hparams.val_fraction} of {len(sources)} distinct sources leaves "
+                f"{len(sources) - num_val} to train on; lower data.val_fraction or add data"
+            )
+        return num_val
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def corpus_path(self) -> Path:
+        hp = self.hparams
+        return Path(hp.data_dir) / f"numbers_{hp.max_digits}digits_{hp.num_pairs}pairs_seed{hp.seed}.tsv"
+
+    def prepare_data(self) -> None:
+        if self.pairs is not None or self.corpus_path.is_file():
+            return
+        self.corpus_path.parent.mkdir(parents=True, exist_ok=True)
+        lines = "".join(
+            f"{s}\t{t}\n" for s, t in builtin_pairs(self.hparams.num_pairs, self.hparams.max_digits, self.hparams.seed)
+        )
+        # Write then rename: a reader never sees half a file, and nodes sharing a filesystem may race harmlessly.
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.corpus_path.parent, delete=False) as tmp:
+            tmp.write(lines)
+        os.replace(tmp.name, self.corpus_path)
+
+    def setup(self, stage: str) -> None:
+        if stage in ("fit", "validate") and not self.splits:
+            pairs = self.pairs if self.pairs is not None else read_pairs(self.corpus_path, "data.data_dir")
+            # Split by source, so no validation source was trained on; validation scores each source once.
+            first_target = dict(reversed(pairs))  # each source's first target in the file
+            sources = list(dict.fromkeys(source for source, _ in pairs))
+            order = torch.randperm(len(sources), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
+            # A list, not a set: every rank must see the validation pairs in the same order to shard them.
+            held_out = [sources[i] for i in order[: self._num_val(sources)]]
+            self.splits["val"] = [(source, first_target[source]) for source in held_out]
+            held_out_set = set(held_out)
+            self.splits["train"] = [pair for pair in pairs if pair[0] not in held_out_set]
+        if stage == "predict" and self.predict_sources is None:
+            raise ValueError("predict needs data.predict_path: a file with one source per line")
+
+    # The vocabulary travels with the checkpoint; on restore it replaces the one built from this run's data.
+    def state_dict(self) -> dict[str, list[str]]:
+        return {"vocab": self.vocab}
+
+    def load_state_dict(self, state_dict: dict[str, list[str]]) -> None:
+        self.vocab = list(state_dict["vocab"])
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Character ids; a character outside the vocabulary becomes ``<unk>``."""
+        index = {token: i for i, token in enumerate(self.vocab)}
+        return [[index.get(c, UNK) for c in text] for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text up to the first end token, without padding or start tokens."""
+        text = []
+        for i in ids:
+            if i == EOS:
+                break
+            if i not in (PAD, BOS):
+                text.append(self.vocab[i])
+        return "".join(text)
+
+    def _dataset(self, sources: list[str], targets: list[str] | None = None) -> Seq2SeqDataset:
+        # Encoded when a loader is built, after a checkpoint's vocabulary has been restored. Sources end
+        # with the end token too: attending to it tells the encoder how far each character is from the end.
+        encoded_sources = [[*ids, EOS] for ids in self.encode(sources)]
+        if targets is None:
+            return Seq2SeqDataset(encoded_sources)
+        return Seq2SeqDataset(encoded_sources, [[BOS, *ids, EOS] for ids in self.encode(targets)])
+
+    def _loader(self, dataset: Seq2SeqDataset, **kwargs) -> DataLoader:
+        return DataLoader(
+            dataset,
+            collate_fn=collate,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+            pin_memory=isinstance(self.trainer.accelerator, CUDAAccelerator) if self.trainer else False,
+            **kwargs,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        sources, targets = zip(*self.splits["train"], strict=True)
+        dataset = self._dataset(list(sources), list(targets))
+        if not self.hparams.group_by_length:
+            return self._loader(dataset, batch_size=self.hparams.batch_size, shuffle=True)
+        lengths = [len(s) + len(t) for s, t in zip(dataset.sources, dataset.targets, strict=True)]
+        batches = LengthGroupedBatchSampler(RandomSampler(dataset), self.hparams.batch_size, False, lengths)
+        return self._loader(dataset, batch_sampler=batches)
+
+    def val_dataloader(self) -> DataLoader:
+        # Sorted by length so a batch's greedy decoding stops early; the index keeps the pairs' identity.
+        pairs = sorted(self.splits["val"], key=lambda pair: (len(pair[1]), len(pair[0])))
+        sources, targets = zip(*pairs, strict=True)
+        dataset = self._dataset(list(sources), list(targets))
+        sampler = None
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning's default DistributedSampler repeats samples to even out the ranks, which would
+            # count them twice in the metrics; this one gives ranks one sample more or less instead.
+            sampler = UnrepeatedDistributedSampler(
+                dataset, num_replicas=self.trainer.world_size, rank=self.trainer.global_rank, shuffle=False
+            )
+        return self._loader(dataset, batch_size=self.hparams.batch_size, sampler=sampler)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self._dataset(self.predict_sources), batch_size=self.hparams.batch_size)
+
+
+class Seq2SeqPredictionWriter(BasePredictionWriter):
+    """Writes ``source<TAB>prediction`` lines in the order of ``data.predict_path``, once, from global rank 0.
+
+    Each rank predicts a shard; the (index, prediction) pairs are gathered on rank 0, put back in
+    input order, and written to a temporary file that is then renamed to ``output_path``.
+
+    Args:
+        output_path: the TSV file to write.
+    """
+
+    def __init__(self, output_path: str = "predictions.tsv") -> None:
+        super().__init__(write_interval="epoch")
+        self.output_path = Path(output_path)
+
+    def write_on_epoch_end(
+        self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[dict], batch_indices: Sequence
+    ) -> None:
+        data = trainer.datamodule
+        local = {
+            index: data.decode(tokens)
+            for batch in predictions
+            for index, tokens in zip(batch["index"].tolist(), batch["tokens"].tolist(), strict=True)
+        }
+        shards = [local]
+        if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
+            shards = [{} for _ in range(trainer.world_size)] if trainer.global_rank == 0 else None
+            dist.gather_object(local, shards, dst=0)
+        if trainer.global_rank != 0:
+            return
+        merged = {index: text for shard in shards for index, text in shard.items()}
+        sources = data.predict_sources
+        if sorted(merged) != list(range(len(sources))):
+            raise RuntimeError(f"predictions cover {len(merged)} of {len(sources)} sources")
+        self.output_path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.output_path.parent, delete=False) as tmp:
+            tmp.writelines(f"{source}\t{merged[i]}\n" for i, source in enumerate(sources))
+        os.replace(tmp.name, self.output_path)
+        print(f"Wrote {len(sources)} predictions to {self.output_path}")
