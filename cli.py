@@ -35,6 +35,8 @@ import yaml
 from jsonargparse import set_loader
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -44,6 +46,10 @@ from omegaconf.errors import OmegaConfBaseException
 from training import AtomicCheckpointIO, PreemptionCheckpoint, RNGStateCheckpoint, StartupError
 from training.fingerprint import checkpoint_fact, code_digest, config_items
 from training.resume import checkpoint_dir, checkpoint_progress, find_last_checkpoint
+
+# Lightning's own bar redraws after every step; each redraw reads the logged values (a GPU sync) and costs about a
+# millisecond, and in a node's log file every redraw is more text. A bar in the config keeps its own rate.
+PROGRESS_BAR_REFRESH_STEPS = 20
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -84,6 +90,8 @@ class CLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
     def before_instantiate_classes(self) -> None:
+        if self.subcommand is None:  # main(run=False): no checkpoint to load, no config to save
+            return
         config = self.config[self.subcommand]
         # Unpickling a checkpoint can run any code it carries; plain tensors and types cannot.
         if config.get("weights_only") is None:
@@ -110,6 +118,15 @@ class CLI(LightningCLI):
             # jsonargparse wraps the constructor's message in a report on each type it tried (the class, then
             # None); the constructor's own message is the one that names the flag and the fix.
             self.parser.error(str(error.__cause__ if isinstance(error.__cause__, ValueError) else error))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        configured = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+        configured = list(configured) if isinstance(configured, list) else [configured]
+        trainer = super().instantiate_trainer(**kwargs)
+        bar = trainer.progress_bar_callback
+        if type(bar) is TQDMProgressBar and all(bar is not callback for callback in configured):
+            trainer.callbacks[trainer.callbacks.index(bar)] = TQDMProgressBar(refresh_rate=PROGRESS_BAR_REFRESH_STEPS)
+        return trainer
 
     def after_instantiate_classes(self) -> None:
         strategy = self.trainer.strategy
@@ -163,7 +180,9 @@ class CLI(LightningCLI):
     before_validate = before_test = before_predict = share_facts
 
 
-def main(args: list[str] | None = None) -> CLI:
+def main(args: list[str] | None = None, run: bool = True) -> CLI:
+    """Parse ``args`` (default: the command line) and run its subcommand; with ``run=False``, only build the
+    model, data module and trainer that a config without a subcommand describes."""
     OmegaConf.register_resolver("gpus_or", gpus_or, replace=True)
     set_loader("omegaconf", naming_the_file(get_omegaconf_loader("omegaconf")), (yaml.YAMLError,))
     try:
@@ -175,6 +194,7 @@ def main(args: list[str] | None = None) -> CLI:
             parser_kwargs={"parser_mode": "omegaconf"},
             save_config_kwargs={"overwrite": True},
             args=args,
+            run=run,
         )
     except StartupError as error:
         # Every process of the job stops with the same paragraph: one copy per node is enough.

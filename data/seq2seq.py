@@ -233,7 +233,9 @@ class Seq2SeqDataModule(LightningDataModule):
         batch_size: pairs per batch **per process**.
         group_by_length: batch training pairs of similar length, so batches carry less padding.
         predict_path: a UTF-8 file with one source per line, for ``predict``.
-        num_workers: DataLoader worker processes.
+        num_workers: DataLoader worker processes per training process. Unset, chosen by device: none on CPU,
+            where workers would take cores from the training processes; on GPU up to 4, from the cores this
+            node has for each of its processes, so batches are ready while the GPU computes.
         seed: seed of the built-in corpus and of the validation split, independent of ``seed_everything``.
 
     Attributes linked into the model by cli.py: ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
@@ -249,7 +251,7 @@ class Seq2SeqDataModule(LightningDataModule):
         batch_size: int = 64,
         group_by_length: bool = True,
         predict_path: str | None = None,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -265,7 +267,7 @@ class Seq2SeqDataModule(LightningDataModule):
             )
         if not 0 < val_fraction < 1:
             raise ValueError(f"data.val_fraction must be between 0 and 1, got {val_fraction}")
-        if num_workers < 0:
+        if num_workers is not None and num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
         self.save_hyperparameters()
         # A user file is read here, read-only on every rank, so a bad line stops the run before it starts.
@@ -355,12 +357,17 @@ class Seq2SeqDataModule(LightningDataModule):
         return Seq2SeqDataset(encoded_sources, [[BOS, *ids, EOS] for ids in self.encode(targets)])
 
     def _loader(self, dataset: Seq2SeqDataset, **kwargs) -> DataLoader:
+        on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
+        workers = self.hparams.num_workers
+        if workers is None:
+            cores_per_process = len(os.sched_getaffinity(0)) // self.trainer.num_devices if on_gpu else 0
+            workers = max(0, min(4, cores_per_process - 1))
         return DataLoader(
             dataset,
             collate_fn=collate,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            pin_memory=isinstance(self.trainer.accelerator, CUDAAccelerator) if self.trainer else False,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+            pin_memory=on_gpu,
             **kwargs,
         )
 

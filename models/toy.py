@@ -7,6 +7,8 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
+from models.step_logging import logger_writes_this_step
+
 
 class ToyModel(LightningModule):
     """Two-layer MLP trained with mean squared error.
@@ -47,7 +49,8 @@ class ToyModel(LightningModule):
         x, y = batch
         loss = F.mse_loss(self(x), y)
         if stage == "train":
-            self.log("train/loss", loss, prog_bar=True)
+            if logger_writes_this_step(self):
+                self.log("train/loss", loss, prog_bar=True)
         else:
             metric = self.eval_loss[stage]
             metric.update(loss, weight=len(x))

@@ -11,7 +11,7 @@ from torch.optim import Optimizer
 
 
 class RankProbe(Callback):
-    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, inputs seen in epoch 0, final parameters,
+    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, threads, inputs seen in epoch 0, final parameters,
     the DataModule's state, the precision setting and the dtypes the model's layers (leaf modules with weights)
     computed in training.
 
@@ -48,6 +48,7 @@ class RankProbe(Callback):
             "world_size": trainer.world_size,
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
             "precision": trainer.precision,
             "layer_dtypes": sorted(self.layer_dtypes),
             "inputs": torch.cat(self.inputs),

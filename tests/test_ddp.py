@@ -1,5 +1,6 @@
 """A real 2-process DDP run on gloo, started the way a user starts it: ``python cli.py fit -c configs/ddp.yaml``."""
 
+import os
 import re
 
 import pytest
@@ -41,6 +42,14 @@ def test_two_processes_registered_on_gloo(ddp_run):
     assert "All distributed processes registered. Starting with 2 processes" in output
     assert [r["global_rank"] for r in records] == [0, 1]
     assert all(r["world_size"] == 2 and r["backend"] == "gloo" for r in records)
+
+
+def test_each_process_gets_its_share_of_the_cores(ddp_run):
+    _, _, records = ddp_run
+    cores = len(os.sched_getaffinity(0))
+    # Lightning's default, unless the user set OMP_NUM_THREADS (tests/test_launcher.py sets it).
+    expected = int(os.environ.get("OMP_NUM_THREADS", max(1, cores // 2)))
+    assert [r["threads"] for r in records] == [expected, expected]
 
 
 def test_ranks_saw_disjoint_shards_covering_the_training_data(ddp_run):

@@ -31,12 +31,16 @@ def test_two_nodes_over_loopback(tmp_path):
     nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
     # LOCAL_RANK and WORLD_SIZE left in the environment (as the seeds' scripts set them) must not leak in.
     settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    # A user's thread count wins over the default share of the cores (torch takes no more than there are).
+    cores = len(os.sched_getaffinity(0))
+    settings["OMP_NUM_THREADS"] = str(cores)
     extra = [*QUICK_RUN, *probe_args(tmp_path / "probe")]
     worker = launch(nodes[1], "cpu:2", 1, *extra, **settings)
     master = launch(nodes[0], "cpu:2", 0, *extra, **settings)
     master_output, worker_output = finish(master), finish(worker)
 
-    check_four_ranks(tmp_path / "probe")
+    records = check_four_ranks(tmp_path / "probe")
+    assert [r["threads"] for r in records] == [cores] * 4
     assert "NUM_NODES=2 from the environment overrides trainer.num_nodes" in master_output
     assert "All distributed processes registered. Starting with 4 processes" in master_output
     assert "GLOO_SOCKET_IFNAME=lo" in master_output

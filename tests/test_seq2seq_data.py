@@ -1,9 +1,12 @@
 """The seq2seq DataModule: reading pairs, bad input, the vocabulary, padding, batching, the built-in corpus."""
 
 import json
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from torch.utils.data import DistributedSampler
 
 from data import Seq2SeqDataModule
@@ -276,6 +279,27 @@ def test_worker_processes_give_the_same_batches_as_the_main_process(tmp_path):
     for in_main, in_workers in zip(batches(0), batches(2), strict=True):
         assert in_main.keys() == in_workers.keys()
         assert all(torch.equal(in_main[key], in_workers[key]) for key in in_main)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "num_workers", "expected"),
+    [
+        (CPUAccelerator(), None, 0),  # workers would compete with the training processes for the cores
+        (CUDAAccelerator(), None, 4),  # 16 cores / 2 processes, less the training process, capped at 4
+        (CUDAAccelerator(), 1, 1),
+        (CPUAccelerator(), 2, 2),
+    ],
+)
+def test_worker_count_follows_the_device_unless_set(tmp_path, monkeypatch, accelerator, num_workers, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=300, num_workers=num_workers)
+    data.trainer = SimpleNamespace(accelerator=accelerator, num_devices=2, world_size=1)
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.val_dataloader()
+    assert loader.num_workers == expected
+    assert loader.persistent_workers == (expected > 0)
+    assert loader.pin_memory == isinstance(accelerator, CUDAAccelerator)
 
 
 def test_predict_loader_keeps_input_indices(tmp_path):

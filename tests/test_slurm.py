@@ -1,19 +1,27 @@
-"""scripts/slurm.sbatch, run under a stand-in for srun that starts the tasks with srun's variables."""
+"""scripts/slurm.sbatch, run under stand-ins for srun (starts the tasks with srun's variables, passes signals
+on to them) and scontrol (records what it was asked)."""
 
+import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
-from tests.cluster import check_four_ranks, probe_args
+from tests.cluster import check_four_ranks, probe_args, wait_for_step
 from tests.conftest import REPO, copy_project
 
 pytestmark = pytest.mark.distributed
 
+CORES = len(os.sched_getaffinity(0))
+
 FAKE_SRUN = """#!/usr/bin/env bash
-# Starts SLURM_NNODES x SLURM_NTASKS_PER_NODE copies of the command, each with the variables srun sets.
+# Starts SLURM_NNODES x SLURM_NTASKS_PER_NODE copies of the command, each with the variables srun sets,
+# and passes USR1 and TERM on to them, as srun does.
 pids=()
 for ((node = 0; node < SLURM_NNODES; node++)); do
     for ((local = 0; local < SLURM_NTASKS_PER_NODE; local++)); do
@@ -22,10 +30,48 @@ for ((node = 0; node < SLURM_NNODES; node++)); do
         pids+=($!)
     done
 done
+trap 'kill -USR1 "${pids[@]}" 2>/dev/null' USR1
+trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+for pid in "${pids[@]}"; do
+    while true; do
+        wait "$pid" && break
+        code=$?
+        kill -0 "$pid" 2>/dev/null || { status=$code; break; }  # else a trapped signal interrupted the wait
+    done
+done
 exit $status
 """
+
+FAKE_SCONTROL = """#!/usr/bin/env bash
+echo "$*" >>"$SCONTROL_LOG"
+"""
+
+
+def sbatch(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
+    """Start scripts/slurm.sbatch in a copy of the project as a 2-node job of 2 tasks per node."""
+    project = copy_project(tmp_path / "project")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    env = {
+        "PATH": f"{bin_dir}:{sys.exec_prefix}/bin:/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "SLURM_SUBMIT_DIR": str(project),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "ddp",
+        "SLURM_NNODES": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODELIST": "127.0.0.1",
+        # All of this machine's cores (torch takes no more): Lightning alone would give each task half.
+        "SLURM_CPUS_PER_TASK": str(CORES),
+        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+    }
+    command = ["bash", str(project / "scripts" / "slurm.sbatch"), "--trainer.accelerator=cpu", *args]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return process, project
 
 
 def test_node_count_is_written_once():
@@ -36,36 +82,33 @@ def test_node_count_is_written_once():
 
 
 def test_job_trains_on_every_task_slurm_starts(tmp_path):
-    project = copy_project(tmp_path / "project")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text(FAKE_SRUN)
-    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
-    env = {
-        "PATH": f"{bin_dir}:{sys.exec_prefix}/bin:/usr/bin:/bin",
-        "PYTHON": sys.executable,
-        "SLURM_SUBMIT_DIR": str(project),
-        "SLURM_JOB_ID": "4242",
-        "SLURM_JOB_NAME": "ddp",
-        "SLURM_NNODES": "2",
-        "SLURM_NTASKS_PER_NODE": "2",
-        "SLURM_NODELIST": "127.0.0.1",
-    }
-    done = subprocess.run(
-        [
-            "bash",
-            str(project / "scripts" / "slurm.sbatch"),
-            "--trainer.accelerator=cpu",
-            "--trainer.max_epochs=1",
-            "--trainer.enable_progress_bar=false",
-            *probe_args(tmp_path / "probe"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    process, project = sbatch(
+        tmp_path, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", *probe_args(tmp_path / "probe")
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    check_four_ranks(tmp_path / "probe")
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    records = check_four_ranks(tmp_path / "probe")
+    assert [r["threads"] for r in records] == [CORES] * 4, "a task did not use its --cpus-per-task cores"
     assert (project / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp_path / "scontrol.log").exists(), "a job that ran to its end was requeued"
+
+
+def test_the_time_limit_signal_saves_a_checkpoint_and_requeues_the_job(tmp_path):
+    progress = tmp_path / "step"
+    process, project = sbatch(
+        tmp_path,
+        "--trainer.max_epochs=5",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.callbacks+=tests.probe.SlowDown",
+        "--trainer.callbacks.seconds=0.02",
+        f"--trainer.callbacks.progress_file={progress}",
+    )
+    wait_for_step(progress, 10)
+    process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends the batch script
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output
+
+    checkpoint = torch.load(project / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert 10 <= checkpoint["global_step"] < 5 * 32, "the checkpoint is not from where the signal arrived"
+    assert "requeueing job 4242" in output
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"

@@ -2,6 +2,7 @@
 
 import signal
 import threading
+import time
 from types import FrameType
 
 import torch
@@ -9,25 +10,29 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from training.resume import last_checkpoint_path
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# About how often, in seconds of training, the ranks agree on whether to stop.
+CHECK_PERIOD = 1.0
 
 
 class PreemptionCheckpoint(Callback):
     """Stops every rank after the same training batch when a stop signal arrives, with ``last.ckpt`` saved there.
 
     The signal handler only notes the request (and passes the signal on to the processes Lightning started
-    on this node). After each training batch the ranks agree, with a one-number all-reduce on a CPU
-    (gloo) channel, whether any of them was asked to stop; if so, all raise Lightning's ``SIGTERMException``
-    together, this callback saves the checkpoint, and the process exits with status 0. A stop requested
-    during validation takes effect after the next training batch.
+    on this node). About once a second of training, after the same batch on every rank, the ranks agree
+    with a two-number all-reduce on a CPU (gloo) channel whether any of them was asked to stop, and when
+    to agree next; if so, all raise Lightning's ``SIGTERMException`` together, this callback saves the
+    checkpoint, and the process exits with status 0. A stop requested during validation takes effect
+    after the next agreement in training.
 
-    This replaces Lightning's own SIGTERM handler, which runs a broadcast inside the signal handler: the
-    ranks run it at unrelated points of their step, and it can pair with another rank's gradient
-    all-reduce and hang the job. SIGUSR1, which SLURM sends ahead of a time limit or preemption
+    This replaces Lightning's own SIGTERM handling: its handler runs a broadcast inside the signal handler,
+    which the ranks reach at unrelated points of their step, so it can pair with another rank's gradient
+    all-reduce and hang the job; and its loop broadcasts a flag after every batch, which costs a short step
+    a tenth of its time on gloo. SIGUSR1, which SLURM sends ahead of a time limit or preemption
     (``#SBATCH --signal``), is handled the same way, which also keeps Lightning's SLURM handler from writing
     a second checkpoint elsewhere.
     """
@@ -36,12 +41,21 @@ class PreemptionCheckpoint(Callback):
         self._requested = False
         self._channel: dist.ProcessGroup | None = None
         self._previous_handlers: dict[int, signal.Handlers] = {}
+        self._batches = self._checked_at = self._next_check = 0
+        self._last_check = 0.0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.world_size > 1 and dist.get_backend() != "gloo":
             self._channel = dist.new_group(backend="gloo")  # no GPU synchronisation for a flag
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._batches = self._checked_at = self._next_check = 0
+        self._last_check = time.monotonic()
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+            epoch_loop._broadcast_sigterm_tensor = lambda: None  # redundant with the agreement below
+        else:
+            rank_zero_warn("Lightning's per-batch SIGTERM broadcast has moved; it stays on and costs some speed.")
         # After Lightning registered its handlers, which it restores when the run ends.
         if threading.current_thread() is threading.main_thread():
             self._requested = False
@@ -58,12 +72,20 @@ class PreemptionCheckpoint(Callback):
         return request_stop
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        requested = self._requested
+        self._batches += 1
+        if self._batches < self._next_check:
+            return
+        # The next agreement about CHECK_PERIOD from now at this rank's pace; the ranks run in step, so
+        # their proposals hardly differ, and the largest is taken.
+        now = time.monotonic()
+        seconds_per_batch = (now - self._last_check) / (self._batches - self._checked_at)
+        proposal = max(1, min(1000, round(CHECK_PERIOD / max(seconds_per_batch, 1e-6))))
+        flags = torch.tensor([int(self._requested), proposal])
         if trainer.world_size > 1:
-            flag = torch.tensor([int(requested)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._channel)
-            requested = bool(flag.item())
-        if requested:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._channel)
+        self._last_check, self._checked_at = now, self._batches
+        self._next_check = self._batches + int(flags[1])
+        if flags[0]:
             raise SIGTERMException
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

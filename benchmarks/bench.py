@@ -1,0 +1,297 @@
+"""The template against raw PyTorch, side by side: training steps, the data path, logging and start-up.
+
+    python benchmarks/bench.py [--quick] [--rounds 3] [--out benchmarks/results]
+
+1. Step time of the template (``python cli.py fit`` with configs/ddp.yaml, its DDPStrategy, callbacks and
+   data path) against benchmarks/raw_ddp.py (DistributedDataParallel, DistributedSampler, the same
+   DataLoader, model, batch, seed and threads), for the toy model and the seq2seq example, with 1 and 2
+   processes on gloo; and how far their weights end apart after the same steps.
+2. The data path alone: a per-sample collate against the template's whole-batch indexing.
+3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar.
+4. Start-up: ``python cli.py --help`` against ``python -c "import lightning"``, and the time from launch to
+   the first training step of a 2-process job.
+
+Runs alternate A/B/A/B; every figure is the median over the runs of each run's median step time after
+warm-up. It prints a table, writes bench.json and bench.png to --out, and ends with the line
+``worst template/raw step-time ratio: X.XX``. --quick runs tiny models for a few steps (for the tests).
+"""
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.workloads import REPO, WORKLOADS  # noqa: E402
+
+PROCESSES = (1, 2)
+
+
+def median_step(record: Path, warmup: int) -> float:
+    """The median time between consecutive step starts, after ``warmup`` steps."""
+    starts = json.loads(record.read_text())["starts"][warmup:]
+    return statistics.median(b - a for a, b in itertools.pairwise(starts))
+
+
+def run(command: list[str], cwd: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("OMP_NUM_THREADS", None)  # the template and the raw loop set threads themselves, the same way
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def template_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str, *extra: str) -> Path:
+    record = work / f"{name}.json"
+    arguments = WORKLOADS[workload].arguments(quick, work / "cache")
+    run(
+        [
+            sys.executable,
+            str(REPO / "cli.py"),
+            "fit",
+            *arguments,
+            f"--trainer.devices={processes}",
+            f"--trainer.max_steps={steps}",
+            "--trainer.limit_val_batches=0",
+            "--trainer.num_sanity_val_steps=0",
+            "--trainer.callbacks+=benchmarks.timing.StepTimer",
+            f"--trainer.callbacks.out={record}",
+            *extra,
+        ],
+        cwd=work / name,
+    )
+    return record
+
+
+def raw_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
+    record = work / f"{name}.json"
+    command = [
+        sys.executable,
+        str(REPO / "benchmarks" / "raw_ddp.py"),
+        "--workload",
+        workload,
+        "--processes",
+        str(processes),
+        "--steps",
+        str(steps),
+        "--out",
+        str(record),
+        "--data-dir",
+        str(work / "cache"),
+        "--port",
+        str(29600 + os.getpid() % 1000),
+    ]
+    run([*command, "--quick"] if quick else command, cwd=work / name)
+    return record
+
+
+def max_weight_difference(a: Path, b: Path) -> float:
+    import torch
+
+    first, second = torch.load(a.with_suffix(".pt")), torch.load(b.with_suffix(".pt"))
+    return max(float((first[k] - second[k]).abs().max()) for k in first)
+
+
+def compare_steps(args: argparse.Namespace, work: Path) -> list[dict]:
+    rows = []
+    for workload in WORKLOADS:
+        steps = args.warmup + args.steps[workload] + 1
+        for processes in PROCESSES:
+            template, raw, difference = [], [], 0.0
+            for round_ in range(args.rounds):
+                name = f"{workload}-{processes}-{round_}"
+                t = template_run(workload, processes, steps, args.quick, work, f"template-{name}")
+                r = raw_run(workload, processes, steps, args.quick, work, f"raw-{name}")
+                template.append(median_step(t, args.warmup))
+                raw.append(median_step(r, args.warmup))
+                difference = max(difference, max_weight_difference(t, r))
+            rows.append(
+                {
+                    "workload": workload,
+                    "processes": processes,
+                    "template_step_ms": 1e3 * statistics.median(template),
+                    "raw_step_ms": 1e3 * statistics.median(raw),
+                    "ratio": statistics.median(template) / statistics.median(raw),
+                    "max_weight_difference": difference,
+                }
+            )
+            print(f"  {workload}, {processes} process(es): {rows[-1]['ratio']:.3f}x", flush=True)
+    return rows
+
+
+def compare_logging(args: argparse.Namespace, work: Path) -> dict:
+    steps = args.warmup + args.steps["toy"] + 1
+    default, quiet = [], []
+    for round_ in range(args.rounds):
+        default.append(
+            median_step(template_run("toy", 2, steps, args.quick, work, f"log-default-{round_}"), args.warmup)
+        )
+        quiet_record = template_run(
+            "toy",
+            2,
+            steps,
+            args.quick,
+            work,
+            f"log-quiet-{round_}",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+        )
+        quiet.append(median_step(quiet_record, args.warmup))
+    cost = statistics.median(default) / statistics.median(quiet) - 1
+    return {
+        "default_step_ms": 1e3 * statistics.median(default),
+        "quiet_step_ms": 1e3 * statistics.median(quiet),
+        "cost": cost,
+    }
+
+
+def compare_data_path(args: argparse.Namespace) -> dict:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from data import RandomDataModule
+    from data.random_data import batch_loader
+
+    torch.set_num_threads(1)
+    data = RandomDataModule(num_train=2048 if args.quick else 65536, batch_size=128)
+    data.setup("fit")
+    split = data.splits["train"]
+    loaders = {
+        "per_sample": DataLoader(TensorDataset(*split.tensors), batch_size=128, shuffle=True),
+        "whole_batch": batch_loader(split, 128, shuffle=True, pin_memory=False),
+    }
+    timings: dict[str, list[float]] = {name: [] for name in loaders}
+    for round_ in range(args.rounds + 1):
+        for name, loader in loaders.items():
+            start = time.perf_counter()
+            batches = sum(1 for _ in loader)
+            if round_:  # the first round warms up
+                timings[name].append((time.perf_counter() - start) / batches)
+    per_sample, whole_batch = (statistics.median(timings[name]) for name in loaders)
+    return {"per_sample_us": 1e6 * per_sample, "whole_batch_us": 1e6 * whole_batch, "speedup": per_sample / whole_batch}
+
+
+def compare_startup(args: argparse.Namespace, work: Path) -> dict:
+    commands = {
+        "cli_help": [sys.executable, str(REPO / "cli.py"), "--help"],
+        "import_lightning": [sys.executable, "-c", "import lightning"],
+    }
+    timings: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(args.rounds + 2):
+        for name, command in commands.items():
+            start = time.perf_counter()
+            run(command, cwd=work)
+            timings[name].append(time.perf_counter() - start)
+    first_steps = []
+    for round_ in range(args.rounds):
+        (work / f"first-{round_}").mkdir()
+        launched = time.time()
+        record = template_run("toy", 2, 3, args.quick, work, f"first-{round_}")
+        first_steps.append(json.loads(record.read_text())["first_step_wall"] - launched)
+    help_s, import_s = (statistics.median(timings[name]) for name in commands)
+    return {
+        "cli_help_s": help_s,
+        "import_lightning_s": import_s,
+        "ratio": help_s / import_s,
+        "first_step_2_processes_s": statistics.median(first_steps),
+    }
+
+
+def table(results: dict) -> str:
+    logging, startup = results["logging"], results["startup"]
+    lines = [
+        "step time (median ms)        template     raw   ratio   max |weight diff|",
+        *(
+            f"{r['workload']:>8}, {r['processes']} process(es)  {r['template_step_ms']:9.2f} {r['raw_step_ms']:7.2f} "
+            f"{r['ratio']:7.3f}   {r['max_weight_difference']:.1e}"
+            for r in results["steps"]
+        ),
+        "",
+        f"data path, us/batch of 128: per-sample collate {results['data_path']['per_sample_us']:.0f}, "
+        f"whole-batch index {results['data_path']['whole_batch_us']:.0f} ({results['data_path']['speedup']:.1f}x)",
+        f"logging (toy, 2 processes): default {logging['default_step_ms']:.2f} ms/step, no logger and no progress "
+        f"bar {logging['quiet_step_ms']:.2f} ms/step, cost {100 * logging['cost']:+.1f}%",
+        f"start-up: cli.py --help {startup['cli_help_s']:.2f} s, import lightning "
+        f"{startup['import_lightning_s']:.2f} s ({startup['ratio']:.2f}x); first training step of a 2-process job "
+        f"{startup['first_step_2_processes_s']:.1f} s after launch",
+    ]
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["steps"]
+    labels = [f"{r['workload']}\n{r['processes']} proc" for r in rows]
+    positions = range(len(rows))
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.bar([p - 0.2 for p in positions], [r["template_step_ms"] for r in rows], 0.4, label="template")
+    axes.bar([p + 0.2 for p in positions], [r["raw_step_ms"] for r in rows], 0.4, label="raw DDP loop")
+    for position, row in zip(positions, rows, strict=True):
+        axes.annotate(
+            f"{row['ratio']:.2f}x",
+            (position, max(row["template_step_ms"], row["raw_step_ms"])),
+            ha="center",
+            va="bottom",
+        )
+    axes.set_xticks(list(positions), labels)
+    axes.set_ylabel("median step time (ms)")
+    axes.set_title("template vs raw PyTorch DDP, gloo on CPU")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny models, few steps, one round: checks the plumbing")
+    parser.add_argument("--rounds", type=int, default=None, help="A/B rounds per comparison (default 3, quick 1)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")
+    args = parser.parse_args()
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.warmup = 2 if args.quick else 10
+    args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 30}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        for name in [
+            f"{kind}-{w}-{p}-{r}"
+            for kind in ("template", "raw")
+            for w in WORKLOADS
+            for p in PROCESSES
+            for r in range(args.rounds)
+        ] + [f"log-{k}-{r}" for k in ("default", "quiet") for r in range(args.rounds)]:
+            (work / name).mkdir()
+        print("training steps, template against raw:", flush=True)
+        results = {
+            "quick": args.quick,
+            "rounds": args.rounds,
+            "cores": len(os.sched_getaffinity(0)),
+            "steps": compare_steps(args, work),
+            "logging": compare_logging(args, work),
+            "data_path": compare_data_path(args),
+            "startup": compare_startup(args, work),
+        }
+    results["worst_ratio"] = max(row["ratio"] for row in results["steps"])
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    chart(results, out / "bench.png")
+    print(table(results))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    print(f"worst template/raw step-time ratio: {results['worst_ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

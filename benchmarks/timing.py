@@ -1,0 +1,33 @@
+"""A callback the benchmark adds to template runs: when each training step started, and the trained weights."""
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class StepTimer(Callback):
+    """On global rank 0, records ``time.perf_counter()`` at the start of every training batch and the wall clock
+    of the first one; at the end writes them to ``out`` (JSON) and the model's weights beside it (``.pt``)."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.starts: list[float] = []
+        self.first_step_wall = 0.0
+        self.threads = 0
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.is_global_zero:
+            if not self.starts:
+                self.first_step_wall = time.time()
+                self.threads = torch.get_num_threads()
+            self.starts.append(time.perf_counter())
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.starts.append(time.perf_counter())
+            record = {"starts": self.starts, "first_step_wall": self.first_step_wall, "threads": self.threads}
+            self.out.write_text(json.dumps(record))
+            torch.save(pl_module.state_dict(), self.out.with_suffix(".pt"))
