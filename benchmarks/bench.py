@@ -49,8 +49,10 @@ def run(command: list[str], cwd: Path) -> None:
 
 
 def template_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str, *extra: str) -> Path:
+    """Train ``steps`` steps with ``python cli.py fit``; the record also holds when the command was launched."""
     record = work / f"{name}.json"
     arguments = WORKLOADS[workload].arguments(quick, work / "cache")
+    launched = time.time()
     run(
         [
             sys.executable,
@@ -67,6 +69,7 @@ def template_run(workload: str, processes: int, steps: int, quick: bool, work: P
         ],
         cwd=work / name,
     )
+    record.write_text(json.dumps({**json.loads(record.read_text()), "launched": launched}))
     return record
 
 
@@ -99,8 +102,10 @@ def max_weight_difference(a: Path, b: Path) -> float:
     return max(float((first[k] - second[k]).abs().max()) for k in first)
 
 
-def compare_steps(args: argparse.Namespace, work: Path) -> list[dict]:
-    rows = []
+def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[float]]:
+    """One row per workload and process count; and the seconds from launch to the first step of the toy
+    model's 2-process template runs."""
+    rows, first_steps = [], []
     for workload in WORKLOADS:
         steps = args.warmup + args.steps[workload] + 1
         for processes in PROCESSES:
@@ -112,6 +117,9 @@ def compare_steps(args: argparse.Namespace, work: Path) -> list[dict]:
                 template.append(median_step(t, args.warmup))
                 raw.append(median_step(r, args.warmup))
                 difference = max(difference, max_weight_difference(t, r))
+                if (workload, processes) == ("toy", 2):
+                    timing = json.loads(t.read_text())
+                    first_steps.append(timing["first_step_wall"] - timing["launched"])
             rows.append(
                 {
                     "workload": workload,
@@ -123,7 +131,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> list[dict]:
                 }
             )
             print(f"  {workload}, {processes} process(es): {rows[-1]['ratio']:.3f}x", flush=True)
-    return rows
+    return rows, first_steps
 
 
 def compare_logging(args: argparse.Namespace, work: Path) -> dict:
@@ -178,23 +186,17 @@ def compare_data_path(args: argparse.Namespace) -> dict:
     return {"per_sample_us": 1e6 * per_sample, "whole_batch_us": 1e6 * whole_batch, "speedup": per_sample / whole_batch}
 
 
-def compare_startup(args: argparse.Namespace, work: Path) -> dict:
+def compare_startup(args: argparse.Namespace, work: Path, first_steps: list[float]) -> dict:
     commands = {
         "cli_help": [sys.executable, str(REPO / "cli.py"), "--help"],
         "import_lightning": [sys.executable, "-c", "import lightning"],
     }
     timings: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(args.rounds + 2):
+    for _ in range(args.rounds if args.quick else args.rounds + 2):
         for name, command in commands.items():
             start = time.perf_counter()
             run(command, cwd=work)
             timings[name].append(time.perf_counter() - start)
-    first_steps = []
-    for round_ in range(args.rounds):
-        (work / f"first-{round_}").mkdir()
-        launched = time.time()
-        record = template_run("toy", 2, 3, args.quick, work, f"first-{round_}")
-        first_steps.append(json.loads(record.read_text())["first_step_wall"] - launched)
     help_s, import_s = (statistics.median(timings[name]) for name in commands)
     return {
         "cli_help_s": help_s,
@@ -276,14 +278,15 @@ def main() -> None:
         ] + [f"log-{k}-{r}" for k in ("default", "quiet") for r in range(args.rounds)]:
             (work / name).mkdir()
         print("training steps, template against raw:", flush=True)
+        steps, first_steps = compare_steps(args, work)
         results = {
             "quick": args.quick,
             "rounds": args.rounds,
             "cores": len(os.sched_getaffinity(0)),
-            "steps": compare_steps(args, work),
+            "steps": steps,
             "logging": compare_logging(args, work),
             "data_path": compare_data_path(args),
-            "startup": compare_startup(args, work),
+            "startup": compare_startup(args, work, first_steps),
         }
     results["worst_ratio"] = max(row["ratio"] for row in results["steps"])
     (out / "bench.json").write_text(json.dumps(results, indent=2))
