@@ -263,7 +263,7 @@ def main() -> None:
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.warmup = 2 if args.quick else 10
-    args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 30}
+    args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

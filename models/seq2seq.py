@@ -244,7 +244,7 @@ class Seq2SeqTransformer(LightningModule):
             raise ValueError(
                 f"the checkpoint was trained with {rows} tokens but this run's data gives model.vocab_size="
                 f"{self.hparams.vocab_size}: use the data the checkpoint was trained on, e.g. "
-                "-c logs/<name>/version_<N>/config.yaml of the training run"
+                "-c logs/<name>/<run id>/config.yaml of the training run"
             )
 
     def configure_optimizers(self) -> dict:
