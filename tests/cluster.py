@@ -35,9 +35,14 @@ def probe_args(out_dir: Path) -> list[str]:
     return ["--trainer.callbacks+=tests.probe.RankProbe", f"--trainer.callbacks.out_dir={out_dir}"]
 
 
+def probe_records(probe_dir: Path, world_size: int) -> list[dict]:
+    """What tests.probe.RankProbe saved for each rank, in rank order."""
+    return [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(world_size)]
+
+
 def check_four_ranks(probe_dir: Path) -> list[dict]:
     """World size 4, two ranks per node, disjoint shards covering the data, identical parameters."""
-    records = [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(4)]
+    records = probe_records(probe_dir, 4)
     assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [(i, 4, "gloo") for i in range(4)]
     assert sorted((r["node_rank"], r["local_rank"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
 

@@ -8,6 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data import RandomDataModule
+from tests.cluster import probe_args, probe_records
 from tests.conftest import DDP_YAML, REPO, run_script
 
 pytestmark = pytest.mark.distributed
@@ -26,13 +27,12 @@ def ddp_run(tmp_path_factory):
             "--trainer.max_epochs=3",
             "--trainer.log_every_n_steps=8",
             "--trainer.enable_progress_bar=false",
-            "--trainer.callbacks+=tests.probe.RankProbe",
-            f"--trainer.callbacks.out_dir={workdir / 'probe'}",
+            *probe_args(workdir / "probe"),
         ],
         cwd=workdir,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    records = [torch.load(workdir / "probe" / f"rank{rank}.pt") for rank in range(2)]
+    records = probe_records(workdir / "probe", 2)
     return workdir, result.stdout + result.stderr, records
 
 

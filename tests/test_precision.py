@@ -6,6 +6,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from tests.cluster import probe_args, probe_records
 from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
 
 BF16_YAML = str(REPO / "configs" / "bf16.yaml")
@@ -28,13 +29,12 @@ def bf16_run(tmp_path_factory):
             "--trainer.log_every_n_steps=4",
             "--trainer.enable_progress_bar=false",
             "--data.init_args.num_train=2048",
-            "--trainer.callbacks+=tests.probe.RankProbe",
-            f"--trainer.callbacks.out_dir={workdir / 'probe'}",
+            *probe_args(workdir / "probe"),
         ],
         cwd=workdir,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    records = [torch.load(workdir / "probe" / f"rank{rank}.pt") for rank in range(2)]
+    records = probe_records(workdir / "probe", 2)
     return workdir, result.stdout + result.stderr, records
 
 

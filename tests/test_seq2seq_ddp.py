@@ -7,6 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data import Seq2SeqDataModule
+from tests.cluster import probe_args, probe_records
 from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
 
 pytestmark = pytest.mark.distributed
@@ -42,14 +43,13 @@ def fit_run(tmp_path_factory):
             "--trainer.accelerator=cpu",
             "--trainer.max_epochs=2",
             "--trainer.enable_progress_bar=false",
-            "--trainer.callbacks+=tests.probe.RankProbe",
-            f"--trainer.callbacks.out_dir={workdir / 'probe'}",
+            *probe_args(workdir / "probe"),
             "--trainer.callbacks.input_key=index",
         ],
         cwd=workdir,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    records = [torch.load(workdir / "probe" / f"rank{rank}.pt") for rank in range(2)]
+    records = probe_records(workdir / "probe", 2)
     return workdir, records
 
 
