@@ -1,18 +1,21 @@
 """The template against raw PyTorch, side by side: training steps, the data path, logging and start-up.
 
-    python benchmarks/bench.py [--quick] [--rounds 3] [--out benchmarks/results]
+    python benchmarks/bench.py [--quick] [--rounds 5] [--out benchmarks/results]
 
 1. Step time of the template (``python cli.py fit`` with configs/ddp.yaml, its DDPStrategy, callbacks and
    data path) against benchmarks/raw_ddp.py (DistributedDataParallel, DistributedSampler, the same
    DataLoader, model, batch, seed and threads), for the toy model and the seq2seq example, with 1 and 2
-   processes on gloo; and how far their weights end apart after the same steps.
+   processes on gloo; and how far their weights end apart after the same steps. A third side,
+   benchmarks/lightning_only.py (a plain Trainer), splits the difference into what Lightning's loop costs
+   and what the template adds to it.
 2. The data path alone: a per-sample collate against the template's whole-batch indexing.
 3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar.
 4. Start-up: ``python cli.py --help`` against ``python -c "import lightning"``, and the time from launch to
    the first training step of a 2-process job.
 
-Runs alternate A/B/A/B; every figure is the median over the runs of each run's median step time after
-warm-up. It prints a table, writes bench.json and bench.png to --out, and ends with the line
+Runs alternate (A/B/C, B/C/A, ...); a step time is the median over the rounds of each run's median step
+time after warm-up, a ratio the median over the rounds of the ratio of that round's two runs, with its
+lowest and highest. It prints a table, writes bench.json and bench.png to --out, and ends with the line
 ``worst template/raw step-time ratio: X.XX``. --quick runs tiny models for a few steps (for the tests).
 """
 
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
@@ -73,11 +77,12 @@ def template_run(workload: str, processes: int, steps: int, quick: bool, work: P
     return record
 
 
-def raw_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
+def script_run(script: str, workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
+    """Train with benchmarks/raw_ddp.py or benchmarks/lightning_only.py; they take the same arguments."""
     record = work / f"{name}.json"
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "raw_ddp.py"),
+        str(REPO / "benchmarks" / script),
         "--workload",
         workload,
         "--processes",
@@ -88,8 +93,6 @@ def raw_run(workload: str, processes: int, steps: int, quick: bool, work: Path, 
         str(record),
         "--data-dir",
         str(work / "cache"),
-        "--port",
-        str(29600 + os.getpid() % 1000),
     ]
     run([*command, "--quick"] if quick else command, cwd=work / name)
     return record
@@ -102,35 +105,54 @@ def max_weight_difference(a: Path, b: Path) -> float:
     return max(float((first[k] - second[k]).abs().max()) for k in first)
 
 
+def paired(numerator: list[float], denominator: list[float]) -> dict:
+    """The median and range of the per-round ratios: each round's two runs ran back to back, so a slow spell
+    of the machine that lasts longer than a round slows both."""
+    ratios = [n / d for n, d in zip(numerator, denominator, strict=True)]
+    return {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)}
+
+
 def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[float]]:
     """One row per workload and process count; and the seconds from launch to the first step of the toy
     model's 2-process template runs."""
     rows, first_steps = [], []
+    sides = {
+        "template": template_run,
+        "lightning": partial(script_run, "lightning_only.py"),
+        "raw": partial(script_run, "raw_ddp.py"),
+    }
     for workload in WORKLOADS:
         steps = args.warmup + args.steps[workload] + 1
         for processes in PROCESSES:
-            template, raw, difference = [], [], 0.0
+            medians: dict[str, list[float]] = {side: [] for side in sides}
+            difference = 0.0
             for round_ in range(args.rounds):
-                name = f"{workload}-{processes}-{round_}"
-                t = template_run(workload, processes, steps, args.quick, work, f"template-{name}")
-                r = raw_run(workload, processes, steps, args.quick, work, f"raw-{name}")
-                template.append(median_step(t, args.warmup))
-                raw.append(median_step(r, args.warmup))
-                difference = max(difference, max_weight_difference(t, r))
+                # The sides take turns to go first, so a slow spell at the start of a round hits each in turn.
+                order = list(sides)[round_ % 3 :] + list(sides)[: round_ % 3]
+                records = {}
+                for side in order:
+                    name = f"{side}-{workload}-{processes}-{round_}"
+                    records[side] = sides[side](workload, processes, steps, args.quick, work, name)
+                    medians[side].append(median_step(records[side], args.warmup))
+                for side in ("template", "lightning"):
+                    difference = max(difference, max_weight_difference(records[side], records["raw"]))
                 if (workload, processes) == ("toy", 2):
-                    timing = json.loads(t.read_text())
+                    timing = json.loads(records["template"].read_text())
                     first_steps.append(timing["first_step_wall"] - timing["launched"])
             rows.append(
                 {
                     "workload": workload,
                     "processes": processes,
-                    "template_step_ms": 1e3 * statistics.median(template),
-                    "raw_step_ms": 1e3 * statistics.median(raw),
-                    "ratio": statistics.median(template) / statistics.median(raw),
+                    **{f"{side}_step_ms": 1e3 * statistics.median(medians[side]) for side in sides},
+                    "rounds_step_ms": {side: [1e3 * m for m in medians[side]] for side in sides},
+                    "ratio": paired(medians["template"], medians["raw"]),
+                    "lightning_over_raw": paired(medians["lightning"], medians["raw"]),
+                    "template_over_lightning": paired(medians["template"], medians["lightning"]),
                     "max_weight_difference": difference,
                 }
             )
-            print(f"  {workload}, {processes} process(es): {rows[-1]['ratio']:.3f}x", flush=True)
+            ratio = rows[-1]["ratio"]
+            print(f"  {workload}, {processes} process(es): {ratio['median']:.3f}x", flush=True)
     return rows, first_steps
 
 
@@ -152,11 +174,11 @@ def compare_logging(args: argparse.Namespace, work: Path) -> dict:
             "--trainer.enable_progress_bar=false",
         )
         quiet.append(median_step(quiet_record, args.warmup))
-    cost = statistics.median(default) / statistics.median(quiet) - 1
+    cost = paired(default, quiet)
     return {
         "default_step_ms": 1e3 * statistics.median(default),
         "quiet_step_ms": 1e3 * statistics.median(quiet),
-        "cost": cost,
+        "cost": {key: value - 1 for key, value in cost.items()},
     }
 
 
@@ -192,7 +214,7 @@ def compare_startup(args: argparse.Namespace, work: Path, first_steps: list[floa
         "import_lightning": [sys.executable, "-c", "import lightning"],
     }
     timings: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(args.rounds if args.quick else args.rounds + 2):
+    for _ in range(args.rounds):
         for name, command in commands.items():
             start = time.perf_counter()
             run(command, cwd=work)
@@ -208,18 +230,26 @@ def compare_startup(args: argparse.Namespace, work: Path, first_steps: list[floa
 
 def table(results: dict) -> str:
     logging, startup = results["logging"], results["startup"]
+
+    def ratio(r: dict) -> str:
+        return f"{r['median']:.3f} ({r['low']:.2f}-{r['high']:.2f})"
+
     lines = [
-        "step time (median ms)        template     raw   ratio   max |weight diff|",
+        "step time, median ms     template Lightning    raw   template/raw (rounds)  Lightning/raw  "
+        "template/Lightning  max |weight diff|",
         *(
-            f"{r['workload']:>8}, {r['processes']} process(es)  {r['template_step_ms']:9.2f} {r['raw_step_ms']:7.2f} "
-            f"{r['ratio']:7.3f}   {r['max_weight_difference']:.1e}"
+            f"{r['workload']:>8}, {r['processes']} process(es) {r['template_step_ms']:8.2f} "
+            f"{r['lightning_step_ms']:8.2f} {r['raw_step_ms']:7.2f}   {ratio(r['ratio']):21}  "
+            f"{r['lightning_over_raw']['median']:13.3f}  "
+            f"{r['template_over_lightning']['median']:18.3f}  {r['max_weight_difference']:.1e}"
             for r in results["steps"]
         ),
         "",
         f"data path, us/batch of 128: per-sample collate {results['data_path']['per_sample_us']:.0f}, "
         f"whole-batch index {results['data_path']['whole_batch_us']:.0f} ({results['data_path']['speedup']:.1f}x)",
         f"logging (toy, 2 processes): default {logging['default_step_ms']:.2f} ms/step, no logger and no progress "
-        f"bar {logging['quiet_step_ms']:.2f} ms/step, cost {100 * logging['cost']:+.1f}%",
+        f"bar {logging['quiet_step_ms']:.2f} ms/step, cost {100 * logging['cost']['median']:+.1f}% "
+        f"(rounds {100 * logging['cost']['low']:+.1f}% to {100 * logging['cost']['high']:+.1f}%)",
         f"start-up: cli.py --help {startup['cli_help_s']:.2f} s, import lightning "
         f"{startup['import_lightning_s']:.2f} s ({startup['ratio']:.2f}x); first training step of a 2-process job "
         f"{startup['first_step_2_processes_s']:.1f} s after launch",
@@ -237,18 +267,22 @@ def chart(results: dict, path: Path) -> None:
     labels = [f"{r['workload']}\n{r['processes']} proc" for r in rows]
     positions = range(len(rows))
     figure, axes = plt.subplots(figsize=(7, 4))
-    axes.bar([p - 0.2 for p in positions], [r["template_step_ms"] for r in rows], 0.4, label="template")
-    axes.bar([p + 0.2 for p in positions], [r["raw_step_ms"] for r in rows], 0.4, label="raw DDP loop")
+    for offset, (side, label) in zip(
+        (-0.27, 0, 0.27),
+        (("template", "template"), ("lightning", "Lightning alone"), ("raw", "raw DDP loop")),
+        strict=True,
+    ):
+        axes.bar([p + offset for p in positions], [r[f"{side}_step_ms"] for r in rows], 0.27, label=label)
     for position, row in zip(positions, rows, strict=True):
         axes.annotate(
-            f"{row['ratio']:.2f}x",
-            (position, max(row["template_step_ms"], row["raw_step_ms"])),
+            f"{row['ratio']['median']:.2f}x",
+            (position, max(row["template_step_ms"], row["lightning_step_ms"], row["raw_step_ms"])),
             ha="center",
             va="bottom",
         )
     axes.set_xticks(list(positions), labels)
     axes.set_ylabel("median step time (ms)")
-    axes.set_title("template vs raw PyTorch DDP, gloo on CPU")
+    axes.set_title("template vs Lightning alone vs raw PyTorch DDP, gloo on CPU")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -258,10 +292,10 @@ def chart(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps, one round: checks the plumbing")
-    parser.add_argument("--rounds", type=int, default=None, help="A/B rounds per comparison (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 5, quick 1)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")
     args = parser.parse_args()
-    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.rounds = args.rounds or (1 if args.quick else 5)
     args.warmup = 2 if args.quick else 10
     args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}
     out = Path(args.out)
@@ -271,7 +305,7 @@ def main() -> None:
         work = Path(directory)
         for name in [
             f"{kind}-{w}-{p}-{r}"
-            for kind in ("template", "raw")
+            for kind in ("template", "lightning", "raw")
             for w in WORKLOADS
             for p in PROCESSES
             for r in range(args.rounds)
@@ -288,7 +322,7 @@ def main() -> None:
             "data_path": compare_data_path(args),
             "startup": compare_startup(args, work, first_steps),
         }
-    results["worst_ratio"] = max(row["ratio"] for row in results["steps"])
+    results["worst_ratio"] = max(row["ratio"]["median"] for row in results["steps"])
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     chart(results, out / "bench.png")
     print(table(results))

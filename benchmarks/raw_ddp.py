@@ -21,13 +21,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, default_convert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import cli  # noqa: E402
-from benchmarks.workloads import SEED, WORKLOADS  # noqa: E402
+from benchmarks.workloads import SEED, WORKLOADS, run_parser  # noqa: E402
 from data.seq2seq import LengthGroupedBatchSampler, collate  # noqa: E402
 
 
@@ -104,15 +105,8 @@ def train(rank: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
-    parser.add_argument("--quick", action="store_true", help="the small sizes of benchmarks/bench.py --quick")
-    parser.add_argument("--processes", type=int, required=True)
-    parser.add_argument("--steps", type=int, required=True, help="training steps, each timed from its start")
-    parser.add_argument("--out", required=True, help="JSON file of step start times; the weights go beside it")
-    parser.add_argument("--data-dir", default="cache", help="where the seq2seq corpus is (generated if missing)")
-    parser.add_argument("--port", type=int, default=29511)
-    args = parser.parse_args()
+    args = run_parser(__doc__).parse_args()
+    args.port = find_free_network_port()
     mp.start_processes(train, args=(args,), nprocs=args.processes, start_method="spawn")
 
 

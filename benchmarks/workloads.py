@@ -1,5 +1,6 @@
 """What the benchmark trains: each workload's configs and overrides, the same for a template run and the raw loop."""
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,3 +46,15 @@ WORKLOADS = {
         ),
     ),
 }
+
+
+def run_parser(description: str) -> argparse.ArgumentParser:
+    """The command line of benchmarks/raw_ddp.py and benchmarks/lightning_only.py, which bench.py runs alike."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
+    parser.add_argument("--quick", action="store_true", help="the small sizes of benchmarks/bench.py --quick")
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--steps", type=int, required=True, help="training steps, each timed from its start")
+    parser.add_argument("--out", required=True, help="JSON file of step start times; the weights go beside it")
+    parser.add_argument("--data-dir", default="cache", help="where the seq2seq corpus is (generated if missing)")
+    return parser

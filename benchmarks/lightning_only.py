@@ -1,0 +1,48 @@
+"""Lightning's Trainer without the template: what Lightning's loop costs by itself.
+
+    python benchmarks/lightning_only.py --workload toy --processes 2 --steps 60 --out lightning.json [--quick]
+
+The model and the data module come from the workload's configs through the CLI's own parser, as in
+benchmarks/raw_ddp.py; they train under a plain ``lightning.pytorch.Trainer`` with Lightning's own
+DDPStrategy (the same DDP settings as configs/ddp.yaml) and nothing else: no logger, progress bar,
+checkpointing, model summary or template callback. Against a template run it measures what the template
+adds; against the raw loop, what Lightning's loop adds. Rank 0 writes its step times and weights with
+benchmarks/timing.py, as a template run does.
+"""
+
+import sys
+from pathlib import Path
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DDPStrategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+import cli  # noqa: E402
+from benchmarks.timing import StepTimer  # noqa: E402
+from benchmarks.workloads import WORKLOADS, run_parser  # noqa: E402
+
+
+def main() -> None:
+    args = run_parser(__doc__).parse_args()
+    arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir))
+    # seed_everything from the config, then the classes: the same initial weights as a template run.
+    built = cli.main([*arguments, f"--trainer.devices={args.processes}"], run=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=args.processes,
+        strategy=DDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True),
+        max_steps=args.steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=[StepTimer(args.out)],
+    )
+    trainer.fit(built.model, datamodule=built.datamodule)
+
+
+if __name__ == "__main__":
+    main()
