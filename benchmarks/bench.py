@@ -282,7 +282,7 @@ def chart(results: dict, path: Path) -> None:
         )
     axes.set_xticks(list(positions), labels)
     axes.set_ylabel("median step time (ms)")
-    axes.set_title("template vs Lightning alone vs raw PyTorch DDP, gloo on CPU")
+    axes.set_title("step time on gloo, CPU; labels: template / raw")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -1,4 +1,4 @@
-"""What the benchmark trains: each workload's configs and overrides, the same for a template run and the raw loop."""
+"""What the benchmark trains: each workload's configs and overrides, the same for every side of a comparison."""
 
 import argparse
 from dataclasses import dataclass
