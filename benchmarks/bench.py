@@ -46,7 +46,8 @@ def median_step(record: Path, warmup: int) -> float:
 
 def run(command: list[str], cwd: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("OMP_NUM_THREADS", None)  # the template and the raw loop set threads themselves, the same way
+    env.pop("OMP_NUM_THREADS", None)  # every side sets its threads itself, the same way
+    cwd.mkdir(exist_ok=True)
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -303,14 +304,6 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        for name in [
-            f"{kind}-{w}-{p}-{r}"
-            for kind in ("template", "lightning", "raw")
-            for w in WORKLOADS
-            for p in PROCESSES
-            for r in range(args.rounds)
-        ] + [f"log-{k}-{r}" for k in ("default", "quiet") for r in range(args.rounds)]:
-            (work / name).mkdir()
         print("training steps, template against raw:", flush=True)
         steps, first_steps = compare_steps(args, work)
         results = {

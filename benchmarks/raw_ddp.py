@@ -11,7 +11,6 @@ benchmarks/timing.py does for a template run.
 
 import argparse
 import itertools
-import json
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, default_convert
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 import cli  # noqa: E402
+from benchmarks.timing import write_record  # noqa: E402
 from benchmarks.workloads import SEED, WORKLOADS, run_parser  # noqa: E402
 from data.seq2seq import LengthGroupedBatchSampler, collate  # noqa: E402
 
@@ -96,11 +96,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
                 scheduler.step()
         epoch += 1
     if rank == 0:
-        out = Path(args.out)
-        out.write_text(
-            json.dumps({"starts": starts, "first_step_wall": first_step_wall, "threads": torch.get_num_threads()})
-        )
-        torch.save(model.state_dict(), out.with_suffix(".pt"))
+        write_record(Path(args.out), starts, first_step_wall, torch.get_num_threads(), model)
     dist.destroy_process_group()
 
 

@@ -28,6 +28,10 @@ class StepTimer(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero:
             self.starts.append(time.perf_counter())
-            record = {"starts": self.starts, "first_step_wall": self.first_step_wall, "threads": self.threads}
-            self.out.write_text(json.dumps(record))
-            torch.save(pl_module.state_dict(), self.out.with_suffix(".pt"))
+            write_record(self.out, self.starts, self.first_step_wall, self.threads, pl_module)
+
+
+def write_record(out: Path, starts: list[float], first_step_wall: float, threads: int, model: torch.nn.Module) -> None:
+    """The step start times as JSON at ``out``, the model's weights beside it (``.pt``): what bench.py reads."""
+    out.write_text(json.dumps({"starts": starts, "first_step_wall": first_step_wall, "threads": threads}))
+    torch.save(model.state_dict(), out.with_suffix(".pt"))

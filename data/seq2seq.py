@@ -360,8 +360,7 @@ class Seq2SeqDataModule(LightningDataModule):
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
         if workers is None:
-            cores_per_process = len(os.sched_getaffinity(0)) // self.trainer.num_devices if on_gpu else 0
-            workers = max(0, min(4, cores_per_process - 1))
+            workers = max(0, min(4, len(os.sched_getaffinity(0)) // self.trainer.num_devices - 1)) if on_gpu else 0
         return DataLoader(
             dataset,
             collate_fn=collate,

@@ -41,7 +41,7 @@ class PreemptionCheckpoint(Callback):
         self._requested = False
         self._channel: dist.ProcessGroup | None = None
         self._previous_handlers: dict[int, signal.Handlers] = {}
-        self._batches = self._checked_at = self._next_check = 0
+        self._since_check = self._check_every = 0  # batches since the last agreement; agree after this many
         self._last_check = 0.0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -49,7 +49,7 @@ class PreemptionCheckpoint(Callback):
             self._channel = dist.new_group(backend="gloo")  # no GPU synchronisation for a flag
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._batches = self._checked_at = self._next_check = 0
+        self._since_check = self._check_every = 0
         self._last_check = time.monotonic()
         epoch_loop = trainer.fit_loop.epoch_loop
         if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
@@ -72,19 +72,18 @@ class PreemptionCheckpoint(Callback):
         return request_stop
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        self._batches += 1
-        if self._batches < self._next_check:
+        self._since_check += 1
+        if self._since_check < self._check_every:
             return
         # The next agreement about CHECK_PERIOD from now at this rank's pace; the ranks run in step, so
         # their proposals hardly differ, and the largest is taken.
         now = time.monotonic()
-        seconds_per_batch = (now - self._last_check) / (self._batches - self._checked_at)
+        seconds_per_batch = (now - self._last_check) / self._since_check
         proposal = max(1, min(1000, round(CHECK_PERIOD / max(seconds_per_batch, 1e-6))))
         flags = torch.tensor([int(self._requested), proposal])
         if trainer.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._channel)
-        self._last_check, self._checked_at = now, self._batches
-        self._next_check = self._batches + int(flags[1])
+        self._last_check, self._since_check, self._check_every = now, 0, int(flags[1])
         if flags[0]:
             raise SIGTERMException
 
