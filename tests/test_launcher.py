@@ -169,8 +169,10 @@ def test_a_signal_to_the_launcher_stops_every_process(tmp_path, signum):
     if signum == signal.SIGTERM:  # a preemption: checkpoint, then a clean exit
         assert process.returncode == 0, output
         assert "Stopped by a signal at epoch" in output
-    else:
+    else:  # Lightning's Ctrl-C handling, which stops the ranks it started
         assert process.returncode != 0
+        assert "Detected KeyboardInterrupt, attempting graceful shutdown" in output
+    assert "still running after" not in output, "training ignored the signal and was killed"
     assert_everything_stopped(node, port)
 
 
