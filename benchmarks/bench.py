@@ -9,14 +9,15 @@
    benchmarks/lightning_only.py (a plain Trainer), splits the difference into what Lightning's loop costs
    and what the template adds to it.
 2. The data path alone: a per-sample collate against the template's whole-batch indexing.
-3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar.
+3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar, as a
+   fourth side of the toy model's 2-process comparison.
 4. Start-up: ``python cli.py --help`` against ``python -c "import lightning"``, and the time from launch to
    the first training step of a 2-process job.
 
 Runs alternate (A/B/C, B/C/A, ...); a step time is the median over the rounds of each run's median step
 time after warm-up, a ratio the median over the rounds of the ratio of that round's two runs, with its
 lowest and highest. It prints a table, writes bench.json and bench.png to --out, and ends with the line
-``worst template/raw step-time ratio: X.XX``. --quick runs tiny models for a few steps (for the tests).
+``worst template/raw step-time ratio: X.XX``. --quick runs tiny models with 2 processes for a few steps (for the tests).
 """
 
 import argparse
@@ -35,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from benchmarks.workloads import REPO, WORKLOADS  # noqa: E402
 
-PROCESSES = (1, 2)
+# Logging is measured on this row: a fourth side there, the template without logger or progress bar.
+LOGGED = ("toy", 2)
 
 
 def median_step(record: Path, warmup: int) -> float:
@@ -78,6 +80,12 @@ def template_run(workload: str, processes: int, steps: int, quick: bool, work: P
     return record
 
 
+def quiet_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
+    """The template without its logger and progress bar."""
+    no_logging = ("--trainer.logger=false", "--trainer.enable_progress_bar=false")
+    return template_run(workload, processes, steps, quick, work, name, *no_logging)
+
+
 def script_run(script: str, workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
     """Train with benchmarks/raw_ddp.py or benchmarks/lightning_only.py; they take the same arguments."""
     record = work / f"{name}.json"
@@ -113,10 +121,10 @@ def paired(numerator: list[float], denominator: list[float]) -> dict:
     return {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)}
 
 
-def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], list[float]]:
-    """One row per workload and process count; and the seconds from launch to the first step of the toy
-    model's 2-process template runs."""
-    rows, first_steps = [], []
+def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dict, list[float]]:
+    """One row per workload and process count; what logging costs; and the seconds from launch to the first
+    step of the toy model's 2-process template runs."""
+    rows, logging, first_steps = [], {}, []
     sides = {
         "template": template_run,
         "lightning": partial(script_run, "lightning_only.py"),
@@ -124,20 +132,22 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], lis
     }
     for workload in WORKLOADS:
         steps = args.warmup + args.steps[workload] + 1
-        for processes in PROCESSES:
-            medians: dict[str, list[float]] = {side: [] for side in sides}
+        for processes in args.processes:
+            row_sides = {**sides, "quiet": quiet_run} if (workload, processes) == LOGGED else sides
+            medians: dict[str, list[float]] = {side: [] for side in row_sides}
             difference = 0.0
             for round_ in range(args.rounds):
                 # The sides take turns to go first, so a slow spell at the start of a round hits each in turn.
-                order = list(sides)[round_ % 3 :] + list(sides)[: round_ % 3]
+                turn = round_ % len(row_sides)
+                order = list(row_sides)[turn:] + list(row_sides)[:turn]
                 records = {}
                 for side in order:
                     name = f"{side}-{workload}-{processes}-{round_}"
-                    records[side] = sides[side](workload, processes, steps, args.quick, work, name)
+                    records[side] = row_sides[side](workload, processes, steps, args.quick, work, name)
                     medians[side].append(median_step(records[side], args.warmup))
                 for side in ("template", "lightning"):
                     difference = max(difference, max_weight_difference(records[side], records["raw"]))
-                if (workload, processes) == ("toy", 2):
+                if (workload, processes) == LOGGED:
                     timing = json.loads(records["template"].read_text())
                     first_steps.append(timing["first_step_wall"] - timing["launched"])
             rows.append(
@@ -152,35 +162,16 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], lis
                     "max_weight_difference": difference,
                 }
             )
+            if (workload, processes) == LOGGED:
+                cost = paired(medians["template"], medians["quiet"])
+                logging = {
+                    "default_step_ms": 1e3 * statistics.median(medians["template"]),
+                    "quiet_step_ms": 1e3 * statistics.median(medians["quiet"]),
+                    "cost": {key: value - 1 for key, value in cost.items()},
+                }
             ratio = rows[-1]["ratio"]
             print(f"  {workload}, {processes} process(es): {ratio['median']:.3f}x", flush=True)
-    return rows, first_steps
-
-
-def compare_logging(args: argparse.Namespace, work: Path) -> dict:
-    steps = args.warmup + args.steps["toy"] + 1
-    default, quiet = [], []
-    for round_ in range(args.rounds):
-        default.append(
-            median_step(template_run("toy", 2, steps, args.quick, work, f"log-default-{round_}"), args.warmup)
-        )
-        quiet_record = template_run(
-            "toy",
-            2,
-            steps,
-            args.quick,
-            work,
-            f"log-quiet-{round_}",
-            "--trainer.logger=false",
-            "--trainer.enable_progress_bar=false",
-        )
-        quiet.append(median_step(quiet_record, args.warmup))
-    cost = paired(default, quiet)
-    return {
-        "default_step_ms": 1e3 * statistics.median(default),
-        "quiet_step_ms": 1e3 * statistics.median(quiet),
-        "cost": {key: value - 1 for key, value in cost.items()},
-    }
+    return rows, logging, first_steps
 
 
 def compare_data_path(args: argparse.Namespace) -> dict:
@@ -292,26 +283,29 @@ def chart(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny models, few steps, one round: checks the plumbing")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny models, 2 processes only, few steps, one round: checks the plumbing"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 5, quick 1)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 5)
     args.warmup = 2 if args.quick else 10
     args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}
+    args.processes = (2,) if args.quick else (1, 2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
         print("training steps, template against raw:", flush=True)
-        steps, first_steps = compare_steps(args, work)
+        steps, logging, first_steps = compare_steps(args, work)
         results = {
             "quick": args.quick,
             "rounds": args.rounds,
             "cores": len(os.sched_getaffinity(0)),
             "steps": steps,
-            "logging": compare_logging(args, work),
+            "logging": logging,
             "data_path": compare_data_path(args),
             "startup": compare_startup(args, work, first_steps),
         }

@@ -25,7 +25,7 @@ def launch(node: Path, gpus: str, rank: int | str, *extra: str, netns: str | Non
     )
 
 
-def finish(process: subprocess.Popen, timeout: float = 240) -> str:
+def finish(process: subprocess.Popen, timeout: float = 600) -> str:
     output, _ = process.communicate(timeout=timeout)
     assert process.returncode == 0, output
     return output
@@ -74,7 +74,7 @@ def processes_in(directory: Path) -> list[int]:
     return found
 
 
-def wait_for_step(progress: Path, step: int, timeout: float = 120) -> None:
+def wait_for_step(progress: Path, step: int, timeout: float = 300) -> None:
     """Wait until the file tests.probe.SlowDown writes shows at least ``step``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

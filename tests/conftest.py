@@ -27,7 +27,7 @@ def run_cli(tmp_path, monkeypatch):
     return run
 
 
-def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
+def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900):
     """Run a project entry point as a user would, with the repo importable and output captured."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(

@@ -32,7 +32,7 @@ def two_nodes(tmp_path, worker_extra: tuple[str, ...] = ()) -> list[tuple[int, s
     settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "DOCTOR_TIMEOUT": "120"}
     worker = doctor(nodes[1], "cpu:2", 1, *worker_extra, **settings)
     master = doctor(nodes[0], "cpu:2", 0, **settings)
-    return [(p.wait(timeout=300), p.stdout.read()) for p in (master, worker)]
+    return [(p.wait(timeout=600), p.stdout.read()) for p in (master, worker)]
 
 
 @pytest.mark.distributed
@@ -66,7 +66,7 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
 def test_benchmark_writes_a_table_csv_json_and_plot(tmp_path):
     node = copy_project(tmp_path / "node")
     process = doctor(node, "cpu:2", 0, MASTER_PORT=str(free_port()), BENCH="1", BENCH_MAX_MB="1")
-    status, output = process.wait(timeout=300), process.stdout.read()
+    status, output = process.wait(timeout=600), process.stdout.read()
     assert status == 0, output
     out_dir = node / "logs" / "nodes" / "doctor"
     with open(out_dir / "comm_bench.csv") as file:

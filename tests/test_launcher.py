@@ -27,23 +27,27 @@ pytestmark = pytest.mark.distributed
 QUICK_RUN = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false"]
 
 
-def test_two_nodes_over_loopback(tmp_path):
+def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
+    master_host, worker_host = two_hosts
     nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
+    settings = {"MASTER_ADDR": master_host["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
     # LOCAL_RANK and WORLD_SIZE left in the environment (as the seeds' scripts set them) must not leak in.
-    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    settings |= {"LOCAL_RANK": "0", "WORLD_SIZE": "2"}
     # A user's thread count wins over the default share of the cores (torch takes no more than there are).
     cores = len(os.sched_getaffinity(0))
     settings["OMP_NUM_THREADS"] = str(cores)
     extra = [*QUICK_RUN, *probe_args(tmp_path / "probe")]
-    worker = launch(nodes[1], "cpu:2", 1, *extra, **settings)
-    master = launch(nodes[0], "cpu:2", 0, *extra, **settings)
+    worker = launch(nodes[1], "cpu:2", 1, *extra, netns=worker_host["netns"], **settings)
+    master = launch(nodes[0], "cpu:2", 0, *extra, netns=master_host["netns"], **settings)
     master_output, worker_output = finish(master), finish(worker)
 
     records = check_four_ranks(tmp_path / "probe")
     assert [r["threads"] for r in records] == [cores] * 4
     assert "NUM_NODES=2 from the environment overrides trainer.num_nodes" in master_output
     assert "All distributed processes registered. Starting with 4 processes" in master_output
-    assert "GLOO_SOCKET_IFNAME=lo" in master_output
+    for output, host in ((master_output, master_host), (worker_output, worker_host)):
+        assert f"GLOO_SOCKET_IFNAME={host['interface']}" in output
+        assert f"NCCL_SOCKET_IFNAME={host['interface']}" in output
     assert any(p.startswith("logs/toy/default/checkpoints/") for p in written_files(nodes[0]))
     assert written_files(nodes[1]) == ["logs/nodes/node1.log"]
     node_log = (nodes[1] / "logs" / "nodes" / "node1.log").read_text()
@@ -51,28 +55,12 @@ def test_two_nodes_over_loopback(tmp_path):
     assert node_log.startswith("==== ") and worker_output.endswith(node_log), "the terminal did not show the log"
 
 
-def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
-    master_host, worker_host = two_hosts
-    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
-    settings = {"MASTER_ADDR": master_host["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
-    extra = [*QUICK_RUN, *probe_args(tmp_path / "probe")]
-    worker = launch(nodes[1], "cpu:2", 1, *extra, netns=worker_host["netns"], **settings)
-    master = launch(nodes[0], "cpu:2", 0, *extra, netns=master_host["netns"], **settings)
-    master_output, worker_output = finish(master), finish(worker)
-
-    check_four_ranks(tmp_path / "probe")
-    for output, host in ((master_output, master_host), (worker_output, worker_host)):
-        assert f"GLOO_SOCKET_IFNAME={host['interface']}" in output
-        assert f"NCCL_SOCKET_IFNAME={host['interface']}" in output
-    assert written_files(nodes[1]) == ["logs/nodes/node1.log"]
-
-
 def test_rank_zero_must_run_on_the_master(tmp_path, two_hosts):
     master_host, worker_host = two_hosts
     node = copy_project(tmp_path / "node")
     settings = {"MASTER_ADDR": master_host["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
     process = launch(node, "cpu:2", 0, netns=worker_host["netns"], **settings)
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=300)
     assert process.returncode != 0
     assert f"MASTER_ADDR={master_host['address']} is not an address of this machine" in output
     assert not (node / "logs").exists()
@@ -96,7 +84,7 @@ def dry_run(node: Path, gpus: str, rank: str, *extra: str, **settings: str) -> s
         env=launcher_env(DRY_RUN="1", **settings),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (node / "logs").exists(), "a dry run wrote logs"
@@ -164,7 +152,7 @@ def test_a_signal_to_the_launcher_stops_every_process(tmp_path, signum):
     training = processes_in(node)
     assert len(training) >= 2
     process.send_signal(signum)
-    output, _ = process.communicate(timeout=60)
+    output, _ = process.communicate(timeout=180)
     assert f"stopping training: sending {signum.name} to" in output
     if signum == signal.SIGTERM:  # a preemption: checkpoint, then a clean exit
         assert process.returncode == 0, output
@@ -182,7 +170,7 @@ def test_a_killed_worker_process_stops_the_whole_node(tmp_path):
     process = start_long_run(node, MASTER_PORT=port)
     ranks = [pid for pid in processes_in(node) if b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     os.kill(max(ranks), signal.SIGKILL)  # the rank Lightning started last: local rank 1
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=300)
     assert process.returncode != 0
     assert "training exited with status" in output
     assert_everything_stopped(node, port)
@@ -195,13 +183,13 @@ def test_workers_orphaned_by_a_killed_torchrun_are_stopped(tmp_path):
     agent = [pid for pid in processes_in(node) if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(agent) == 1
     os.kill(agent[0], signal.SIGKILL)  # torchrun's workers live in sessions of their own and outlive it
-    output, _ = process.communicate(timeout=60)
+    output, _ = process.communicate(timeout=180)
     assert process.returncode != 0
     assert "training exited, stopping processes it left running: sending SIGTERM to" in output
     assert_everything_stopped(node, port)
 
 
-def fails(node: Path, gpus: str, rank: str, *extra: str, timeout: float = 120, **settings: str) -> str:
+def fails(node: Path, gpus: str, rank: str, *extra: str, timeout: float = 300, **settings: str) -> str:
     done = subprocess.run(
         [str(node / "scripts" / "run_ddp_train.sh"), gpus, rank, *extra],
         env=launcher_env(**settings),
@@ -291,6 +279,6 @@ def test_busy_master_port_names_the_process(node):
 def test_unreachable_master_fails_after_the_timeout(node):
     started = time.monotonic()
     err = fails(node, "cpu:1", "1", NUM_NODES="2", MASTER_PORT=str(free_port()), CONNECT_TIMEOUT="3")
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 150  # CONNECT_TIMEOUT of scripts/cluster.env: 300
     assert re.search(r"node 1 cannot reach the master at 127\.0\.0\.1:\d+ after 3s", err)
     assert "open in the master's firewall" in err

@@ -85,7 +85,7 @@ def test_job_trains_on_every_task_slurm_starts(tmp_path):
     process, project = sbatch(
         tmp_path, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", *probe_args(tmp_path / "probe")
     )
-    output, _ = process.communicate(timeout=300)
+    output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
     records = check_four_ranks(tmp_path / "probe")
     assert [r["threads"] for r in records] == [CORES] * 4, "a task did not use its --cpus-per-task cores"
@@ -105,7 +105,7 @@ def test_the_time_limit_signal_saves_a_checkpoint_and_requeues_the_job(tmp_path)
     )
     wait_for_step(progress, 10)
     process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends the batch script
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
 
     checkpoint = torch.load(project / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)

@@ -57,7 +57,7 @@ def test_everyone_arrives_and_gets_the_same_roster():
 def test_a_node_that_never_arrives_is_named_after_the_timeout():
     started = time.monotonic()
     results = shake([member(0, 0), member(0, 1)], timeout=1)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30
     errors = {str(error) for error in results.values()}
     assert len(errors) == 1, "every process should stop with the same words"
     message = errors.pop()
@@ -76,7 +76,7 @@ def test_a_process_missing_on_a_node_is_named():
 def test_a_different_node_count_fails_fast_and_names_the_fix():
     started = time.monotonic()
     results = shake([member(0, 0), member(0, 1), member(1, 0, num_nodes=3), member(1, 1, num_nodes=3)], timeout=60)
-    assert time.monotonic() - started < 10, "a disagreement must not wait for the join timeout"
+    assert time.monotonic() - started < 30, "a disagreement must not wait for the join timeout"
     message = str(results[(0, 0, 1000)])
     assert "num_nodes: node 0 (host0) has 2, node 1 (host1) has 3" in message
     assert "To fix: set trainer.num_nodes (or NUM_NODES) to the same value on every node" in message
@@ -124,9 +124,9 @@ def test_a_master_without_its_worker_stops_after_the_join_timeout(tmp_path):
         NUM_NODES="2",
         MASTER_PORT=str(free_port()),
     )
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=300)
     assert process.returncode != 0
-    assert time.monotonic() - started < 20 + 45, "the master did not give up after the join timeout"
+    assert time.monotonic() - started < 20 + 120, "the master did not give up after the join timeout"
     assert "error: the job cannot start: only 2 of 4 processes joined within 0:00:20; node rank 1 never arrived" in (
         output
     )
@@ -141,8 +141,8 @@ def test_nodes_with_different_num_nodes_fail_fast_naming_it(tmp_path):
     started = time.monotonic()
     worker = launch(nodes[1], "cpu:2", 1, NUM_NODES="3", MASTER_PORT=port)
     master = launch(nodes[0], "cpu:2", 0, NUM_NODES="2", MASTER_PORT=port)
-    outputs = [process.communicate(timeout=180)[0] for process in (master, worker)]
-    assert time.monotonic() - started < 90, "the mismatch waited for the 10 minute join timeout"
+    outputs = [process.communicate(timeout=400)[0] for process in (master, worker)]
+    assert time.monotonic() - started < 240, "the mismatch waited for the 10 minute join timeout"
     for process, output in zip((master, worker), outputs, strict=True):
         assert process.returncode != 0
         assert "error: the job cannot start, its processes disagree: num_nodes: node 0 (" in output
