@@ -1,5 +1,7 @@
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -8,11 +10,29 @@ from pathlib import Path
 import pytest
 
 import cli
+from tests.cluster import processes_in
 
 REPO = Path(__file__).resolve().parents[1]
 DDP_YAML = str(REPO / "configs" / "ddp.yaml")
 # In-process runs stay in this pytest process: one device, no process group.
 SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+
+
+def pytest_configure(config):
+    # A script's background command starts with SIGINT ignored, and so would every process the tests start
+    # if pytest ran as one: a launcher cannot trap a signal that was ignored when it started.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(tmp_path_factory):
+    """A failed test may leave a launch training; stop it before it slows down every test after it."""
+    yield
+    for pid in processes_in(tmp_path_factory.getbasetemp()):
+        if pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
