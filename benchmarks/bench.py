@@ -133,7 +133,8 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
     for workload in WORKLOADS:
         steps = args.warmup + args.steps[workload] + 1
         for processes in args.processes:
-            row_sides = {**sides, "quiet": quiet_run} if (workload, processes) == LOGGED else sides
+            logged = (workload, processes) == LOGGED
+            row_sides = {**sides, "quiet": quiet_run} if logged else sides
             medians: dict[str, list[float]] = {side: [] for side in row_sides}
             difference = 0.0
             for round_ in range(args.rounds):
@@ -147,7 +148,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
                     medians[side].append(median_step(records[side], args.warmup))
                 for side in ("template", "lightning"):
                     difference = max(difference, max_weight_difference(records[side], records["raw"]))
-                if (workload, processes) == LOGGED:
+                if logged:
                     timing = json.loads(records["template"].read_text())
                     first_steps.append(timing["first_step_wall"] - timing["launched"])
             rows.append(
@@ -162,7 +163,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
                     "max_weight_difference": difference,
                 }
             )
-            if (workload, processes) == LOGGED:
+            if logged:
                 cost = paired(medians["template"], medians["quiet"])
                 logging = {
                     "default_step_ms": 1e3 * statistics.median(medians["template"]),
