@@ -93,10 +93,10 @@ quote() {
     echo "${quoted[*]}"
 }
 
-# Validate GPUS NODE_RANK [cli.py arguments...] and the settings, parse the config, check the network to
-# the master; stop with the problem and its fix before anything starts. Sets GPUS, NODE_RANK,
-# procs_per_node, accelerator, visible_devices, settings, cli_args, resolved (the config as YAML),
-# num_nodes, master_ip and interface.
+# Validate GPUS NODE_RANK [cli.py arguments...] and the settings, check the network to the master, then
+# parse the config (the one slow check: it imports Lightning); stop with the problem and its fix before
+# anything starts. Sets GPUS, NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args,
+# master_ip, interface, resolved (the config as YAML) and num_nodes.
 prepare_node() {
     (($# >= 2)) || usage
     GPUS=$1
@@ -141,17 +141,12 @@ prepare_node() {
     cli_args=(fit "${config_args[@]}" "--trainer.accelerator=$accelerator" "--trainer.devices=$procs_per_node")
     if [[ -n ${NUM_NODES:-} ]]; then
         [[ $NUM_NODES =~ ^[1-9][0-9]*$ ]] || die "NUM_NODES=$NUM_NODES is not a positive integer."
+        ((NODE_RANK < NUM_NODES)) \
+            || die "NODE_RANK=$NODE_RANK is out of range: NUM_NODES=$NUM_NODES, so node ranks are 0..$((NUM_NODES - 1)). Set NUM_NODES to the number of nodes, the same on every node."
         echo "NUM_NODES=$NUM_NODES from the environment overrides trainer.num_nodes of the config"
         cli_args+=("--trainer.num_nodes=$NUM_NODES")
     fi
     cli_args+=("$@")
-
-    # Parse the whole config now, so a mistake stops every node before anything starts.
-    resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
-        || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."
-    num_nodes=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["trainer"]["num_nodes"])' <<<"$resolved")
-    ((NODE_RANK < num_nodes)) \
-        || die "NODE_RANK=$NODE_RANK is out of range: the config has trainer.num_nodes=$num_nodes, so node ranks are 0..$((num_nodes - 1)). Edit num_nodes in the config (or set NUM_NODES) on every node."
 
     master_ip=$(resolve_ipv4 "$MASTER_ADDR")
     [[ -n $master_ip ]] || die "MASTER_ADDR=$MASTER_ADDR does not resolve to an IPv4 address on this node. Use node 0's IP address."
@@ -170,6 +165,13 @@ prepare_node() {
         [[ -z $holder ]] \
             || die "MASTER_PORT $MASTER_PORT is already in use on the master, by $holder, perhaps an earlier run still going. Stop it, or choose another free port as MASTER_PORT in $CLUSTER_ENV (the same on every node). Nothing was launched."
     fi
+
+    # Parse the whole config now, so a mistake stops every node before anything starts.
+    resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
+        || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."
+    num_nodes=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["trainer"]["num_nodes"])' <<<"$resolved")
+    ((NODE_RANK < num_nodes)) \
+        || die "NODE_RANK=$NODE_RANK is out of range: the config has trainer.num_nodes=$num_nodes, so node ranks are 0..$((num_nodes - 1)). Edit num_nodes in the config (or set NUM_NODES) on every node."
 }
 
 # Name what every process of this node needs (the settings, the interface for NCCL and gloo, the GPUs)

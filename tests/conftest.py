@@ -1,21 +1,13 @@
 import contextlib
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import cli
-from tests.cluster import processes_in
-
-REPO = Path(__file__).resolve().parents[1]
-DDP_YAML = str(REPO / "configs" / "ddp.yaml")
-# In-process runs stay in this pytest process: one device, no process group.
-SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+from tests.helpers import processes_in
 
 
 def pytest_configure(config):
@@ -45,42 +37,6 @@ def run_cli(tmp_path, monkeypatch):
         return cli.main()
 
     return run
-
-
-def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900):
-    """Run a project entry point as a user would, with the repo importable and output captured."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(
-        [sys.executable, *args] if args[0].endswith(".py") else args,
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def copy_project(dest: Path) -> Path:
-    """A node's own clone of the project (tracked and new files, no logs or caches), as on a real cluster."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for name in filter(None, listed.stdout.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-    return dest
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

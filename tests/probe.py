@@ -1,6 +1,7 @@
 """Callbacks the tests add on the command line to observe or pace a real run."""
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -70,6 +71,40 @@ class SlowDown(Callback):
         time.sleep(self.seconds)
         if trainer.global_rank == 0:
             self.progress_file.write_text(str(trainer.global_step))
+
+
+class HoldAtStep(Callback):
+    """Holds every rank after training step ``step``, so a test can signal or kill a run at a step it knows,
+    however fast the machine trains.
+
+    Each rank writes ``<hold_file>.rank<N>`` when it holds, then waits until ``hold_file`` is gone or the
+    process receives a stop signal (SIGTERM or SIGUSR1), which it passes on to the handler the run had.
+    """
+
+    def __init__(self, step: int, hold_file: str) -> None:
+        self.step = step
+        self.hold_file = Path(hold_file)
+        self.signalled = False
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step != self.step or not self.hold_file.exists():
+            return
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+
+        def note(signum: int, frame) -> None:
+            self.signalled = True
+            if callable(previous[signum]):
+                previous[signum](signum, frame)
+
+        for signum in previous:
+            signal.signal(signum, note)
+        Path(f"{self.hold_file}.rank{trainer.global_rank}").touch()
+        try:
+            while self.hold_file.exists() and not self.signalled:
+                time.sleep(0.02)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 class MetricProbe(Callback):

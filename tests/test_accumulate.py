@@ -4,7 +4,7 @@ import math
 
 import yaml
 
-from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
 from tests.probe import OptimizerStepProbe
 
 ACCUMULATE_YAML = REPO / "configs" / "accumulate.yaml"

@@ -7,10 +7,7 @@ import statistics
 
 import pytest
 
-from tests.conftest import REPO, run_script
-
-pytestmark = pytest.mark.distributed
-
+from tests.helpers import REPO, run_script
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
@@ -24,10 +21,11 @@ def positive(value) -> bool:
     return isinstance(value, float) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.distributed
 def test_every_workload_and_process_count_is_timed_against_the_raw_loop(bench):
     results, _, _ = bench
     rows = results["steps"]
-    assert sorted((r["workload"], r["processes"]) for r in rows) == [("seq2seq", 2), ("toy", 2)]
+    assert sorted((r["workload"], r["processes"]) for r in rows) == [("seq2seq", 1), ("toy", 2)]
     for row in rows:
         rounds = row["rounds_step_ms"]
         for side in ("template", "lightning", "raw"):
@@ -45,12 +43,14 @@ def test_every_workload_and_process_count_is_timed_against_the_raw_loop(bench):
     assert results["worst_ratio"] == max(r["ratio"]["median"] for r in rows)
 
 
+@pytest.mark.distributed
 def test_template_lightning_alone_and_raw_loop_end_with_the_same_weights(bench):
     results, _, _ = bench
     for row in results["steps"]:
         assert row["max_weight_difference"] <= 1e-6, row
 
 
+@pytest.mark.distributed
 def test_logging_data_path_and_startup_figures_are_present(bench):
     results, _, _ = bench
     assert all(positive(results["logging"][k]) for k in ("default_step_ms", "quiet_step_ms"))
@@ -61,6 +61,7 @@ def test_logging_data_path_and_startup_figures_are_present(bench):
     assert all(positive(v) for v in results["startup"].values())
 
 
+@pytest.mark.distributed
 def test_prints_a_table_draws_a_chart_and_ends_with_the_headline(bench):
     results, stdout, out = bench
     assert "step time, median ms     template Lightning    raw   template/raw (rounds)" in stdout

@@ -6,7 +6,7 @@ import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from models import ToyModel
-from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
@@ -57,22 +57,22 @@ def test_any_module_plugs_in_by_class_path(run_cli):
     assert result.trainer.global_step == 1
 
 
-@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
-def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path, subcommand):
+def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
     fit = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_epochs=1", "--trainer.limit_train_batches=8")
     last = tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     trained = fit.model.state_dict()
 
-    result = run_cli(subcommand, "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", str(last))
-    for name, value in result.model.state_dict().items():
-        assert torch.equal(value, trained[name]), name
-    if subcommand == "predict":
-        predictions = result.trainer.predict_loop.predictions
-        assert torch.cat(predictions).shape == (1024, 8)
-    else:
-        stage = "val" if subcommand == "validate" else "test"
-        assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"])
+    for subcommand in ("validate", "test", "predict"):
+        result = run_cli(subcommand, "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", str(last))
+        for name, value in result.model.state_dict().items():
+            assert torch.equal(value, trained[name]), (subcommand, name)
+        if subcommand == "predict":
+            predictions = result.trainer.predict_loop.predictions
+            assert torch.cat(predictions).shape == (1024, 8)
+        else:
+            stage = "val" if subcommand == "validate" else "test"
+            assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
 
 
 def test_rerun_in_the_same_directory_overwrites_the_saved_config(run_cli, tmp_path):

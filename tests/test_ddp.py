@@ -8,8 +8,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data import RandomDataModule
-from tests.cluster import probe_args, probe_records
-from tests.conftest import DDP_YAML, REPO, run_script
+from tests.helpers import DDP_YAML, run_job
 
 pytestmark = pytest.mark.distributed
 
@@ -17,23 +16,17 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("ddp")
-    result = run_script(
-        [
-            str(REPO / "cli.py"),
-            "fit",
-            "-c",
-            DDP_YAML,
-            "--trainer.accelerator=cpu",
-            "--trainer.max_epochs=3",
-            "--trainer.log_every_n_steps=8",
-            "--trainer.enable_progress_bar=false",
-            *probe_args(workdir / "probe"),
-        ],
-        cwd=workdir,
+    output, records = run_job(
+        workdir,
+        "fit",
+        "-c",
+        DDP_YAML,
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=3",
+        "--trainer.log_every_n_steps=8",
+        "--trainer.enable_progress_bar=false",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    records = probe_records(workdir / "probe", 2)
-    return workdir, result.stdout + result.stderr, records
+    return workdir, output, records
 
 
 def test_two_processes_registered_on_gloo(ddp_run):

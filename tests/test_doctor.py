@@ -11,8 +11,7 @@ import torch.distributed as dist
 from torch.distributed import HashStore
 
 from scripts.doctor import check_collectives
-from tests.cluster import launcher_env
-from tests.conftest import copy_project, free_port
+from tests.helpers import copy_project, free_port, launcher_env
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce", "send/recv")
 
@@ -27,17 +26,24 @@ def doctor(node, gpus: str, rank: int, *extra: str, **settings: str) -> subproce
     )
 
 
-def two_nodes(tmp_path, worker_extra: tuple[str, ...] = ()) -> list[tuple[int, str]]:
-    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
-    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "DOCTOR_TIMEOUT": "120"}
+def two_nodes(root, worker_extra: tuple[str, ...] = (), **settings: str) -> list[tuple[int, str]]:
+    nodes = [copy_project(root / f"node{rank}") for rank in range(2)]
+    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "DOCTOR_TIMEOUT": "120", **settings}
     worker = doctor(nodes[1], "cpu:2", 1, *worker_extra, **settings)
     master = doctor(nodes[0], "cpu:2", 0, **settings)
     return [(p.wait(timeout=600), p.stdout.read()) for p in (master, worker)]
 
 
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    """Two healthy nodes of 2 processes each, with the bandwidth benchmark up to 1 MiB messages."""
+    root = tmp_path_factory.mktemp("doctor")
+    return root, two_nodes(root, BENCH="1", BENCH_MAX_MB="1")
+
+
 @pytest.mark.distributed
-def test_two_healthy_nodes_pass_with_a_row_per_process(tmp_path):
-    (master_status, master), (worker_status, worker) = two_nodes(tmp_path)
+def test_two_healthy_nodes_pass_with_a_row_per_process(healthy):
+    _, ((master_status, master), (worker_status, worker)) = healthy
     assert master_status == 0, master
     assert worker_status == 0, worker
     rows = re.findall(r"^(\d)\s+\S+\s+(\d)\s+(\d)\s+cpu\s+[\d.]+\s+\S+\s+\S+\s+(\w{12})\s+(\w{12})$", master, re.M)
@@ -63,12 +69,10 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
 
 
 @pytest.mark.distributed
-def test_benchmark_writes_a_table_csv_json_and_plot(tmp_path):
-    node = copy_project(tmp_path / "node")
-    process = doctor(node, "cpu:2", 0, MASTER_PORT=str(free_port()), BENCH="1", BENCH_MAX_MB="1")
-    status, output = process.wait(timeout=600), process.stdout.read()
+def test_benchmark_writes_a_table_csv_json_and_plot(healthy):
+    root, ((status, output), _) = healthy
     assert status == 0, output
-    out_dir = node / "logs" / "nodes" / "doctor"
+    out_dir = root / "node0" / "logs" / "nodes" / "doctor"
     with open(out_dir / "comm_bench.csv") as file:
         rows = list(csv.DictReader(file))
     assert rows == [
@@ -78,13 +82,15 @@ def test_benchmark_writes_a_table_csv_json_and_plot(tmp_path):
     for operation in ("all_reduce", "all_gather", "broadcast"):
         sizes = [int(row["bytes"]) for row in rows if row["operation"] == operation]
         assert sizes == sorted(set(sizes)) and sizes[0] >= 1000 and sizes[-1] <= 1 << 20
+    processes = 4
+    factors = {"all_reduce": 2 * (processes - 1) / processes, "all_gather": (processes - 1) / processes, "broadcast": 1}
     for row in rows:
         algbw, busbw = float(row["algbw_GBps"]), float(row["busbw_GBps"])
         assert float(row["time_us"]) > 0 and algbw > 0 and busbw > 0
-        factor = {"all_reduce": 2 * (2 - 1) / 2, "all_gather": (2 - 1) / 2, "broadcast": 1.0}[row["operation"]]
-        assert busbw == pytest.approx(algbw * factor)
+        assert busbw == pytest.approx(algbw * factors[row["operation"]])
     assert (out_dir / "comm_bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert re.search(r"^all_reduce\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", output, re.M)
+    assert not (root / "node1" / "logs" / "nodes" / "doctor").exists(), "a worker wrote benchmark files"
 
 
 def test_a_collective_with_a_wrong_result_is_reported(monkeypatch):

@@ -1,48 +1,121 @@
 """Auto-resume, preemption, elastic restarts and atomic checkpoints.
 
 Every 2-process run trains the toy model with dropout for 3 epochs of 64 steps. The uninterrupted run is the
-reference: runs stopped at an epoch boundary, by SIGTERM in the middle of an epoch, or by a killed worker
-under torchrun must end with exactly its parameters.
+reference. One run, interrupted three ways in turn, must end with exactly its parameters: stopped at the end
+of epoch 0, resumed and stopped by SIGTERM in the middle of epoch 1, resumed under torchrun and hit by a
+killed worker in epoch 2, which torchrun restarts from the checkpoint at the end of epoch 1.
 """
 
 import logging
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.cluster import finish, launch, processes_in, wait_for_step
-from tests.conftest import DDP_YAML, SINGLE_PROCESS, copy_project, free_port
-
-pytestmark = pytest.mark.distributed
+from tests.helpers import (
+    DDP_YAML,
+    SINGLE_PROCESS,
+    assert_everything_stopped,
+    copy_project,
+    finish,
+    free_port,
+    launch,
+    processes_in,
+    wait_for_hold,
+)
+from training.checkpoint_io import AtomicCheckpointIO
+from training.preemption import CHECK_PERIOD
 
 STEPS_PER_EPOCH = 64  # 8192 samples / (64 per batch * 2 processes)
 EPOCHS = 3
+# Every step sleeps at least this long, so the ranks agree on stopping at most every CHECK_PERIOD / PACE steps
+# after a signal: 40, which keeps a signal at step SIGTERM_STEP inside epoch 1 however fast the machine is.
+PACE = CHECK_PERIOD / 40
+SIGTERM_STEP = STEPS_PER_EPOCH + 10
+KILL_STEP = 2 * STEPS_PER_EPOCH + 10
+RUN = "interrupted"
 
 
-def run_args(project: Path, run_id: str, epochs: int = EPOCHS) -> list[str]:
-    return [
+def run_args(epochs: int = EPOCHS, hold_at: int | None = None, hold_file: Path | None = None) -> list[str]:
+    args = [
         f"--trainer.max_epochs={epochs}",
         "--trainer.enable_progress_bar=false",
         "--model.init_args.dropout=0.2",
         "--trainer.callbacks+=tests.probe.SlowDown",
-        "--trainer.callbacks.seconds=0.01",
-        f"--trainer.callbacks.progress_file={progress_file(project, run_id)}",
+        f"--trainer.callbacks.seconds={PACE}",
+        "--trainer.callbacks.progress_file=progress.step",
     ]
-
-
-def progress_file(project: Path, run_id: str) -> Path:
-    return project / f"{run_id}.step"
+    if hold_at is not None:
+        args += [
+            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            f"--trainer.callbacks.step={hold_at}",
+            f"--trainer.callbacks.hold_file={hold_file}",
+        ]
+    return args
 
 
 def last_checkpoint(project: Path, run_id: str) -> dict:
     return torch.load(project / "logs" / "toy" / run_id / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return copy_project(tmp_path_factory.mktemp("project"))
+
+
+@pytest.fixture(scope="module")
+def port():
+    return str(free_port())
+
+
+@pytest.fixture(scope="module")
+def reference(project, port):
+    finish(launch(project, "cpu:2", 0, *run_args(), RUN_ID="whole", MASTER_PORT=port))
+    return last_checkpoint(project, "whole")
+
+
+@pytest.fixture(scope="module")
+def first_epoch(project, port):
+    """The run trained for one epoch only: it stops at an epoch boundary."""
+    return finish(launch(project, "cpu:2", 0, *run_args(epochs=1), RUN_ID=RUN, MASTER_PORT=port))
+
+
+@pytest.fixture(scope="module")
+def preempted(project, port, first_epoch):
+    """The same command for 3 epochs, sent SIGTERM while its ranks hold at SIGTERM_STEP."""
+    hold = project / "sigterm.hold"
+    hold.touch()
+    process = launch(project, "cpu:2", 0, *run_args(hold_at=SIGTERM_STEP, hold_file=hold), RUN_ID=RUN, MASTER_PORT=port)
+    wait_for_hold(hold, 2, process)
+    process.send_signal(signal.SIGTERM)
+    output = finish(process)  # a clean exit: status 0
+    hold.unlink()
+    return output, last_checkpoint(project, RUN)
+
+
+@pytest.fixture(scope="module")
+def restarted(project, port, preempted):
+    """The same command under torchrun; a worker is killed while the ranks hold at KILL_STEP."""
+    hold = project / "kill.hold"
+    hold.touch()
+    args = run_args(hold_at=KILL_STEP, hold_file=hold)
+    process = launch(project, "cpu:2", 0, *args, RUN_ID=RUN, MASTER_PORT=port, LAUNCHER="torchrun")
+    wait_for_hold(hold, 2, process)
+    workers = [
+        pid
+        for pid in processes_in(project)
+        if b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(workers) == 2
+    os.kill(max(workers), signal.SIGKILL)
+    hold.unlink()
+    return finish(process)
 
 
 def assert_same_parameters(checkpoint: dict, reference: dict) -> None:
@@ -51,70 +124,40 @@ def assert_same_parameters(checkpoint: dict, reference: dict) -> None:
         assert torch.equal(checkpoint["state_dict"][name], value), name
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    return copy_project(tmp_path_factory.mktemp("project"))
+@pytest.mark.distributed
+def test_a_run_stopped_at_an_epoch_boundary_resumes_from_there(first_epoch, preempted):
+    assert "Resuming" not in first_epoch
+    output, _ = preempted
+    assert f"Resuming from logs/toy/{RUN}/checkpoints/last.ckpt (epoch 0, step {STEPS_PER_EPOCH})" in output
 
 
-def train(project: Path, run_id: str, epochs: int = EPOCHS, **settings: str) -> str:
-    process = launch(project, "cpu:2", 0, *run_args(project, run_id, epochs), RUN_ID=run_id, **settings)
-    return finish(process)
-
-
-@pytest.fixture(scope="module")
-def reference(project):
-    train(project, "whole", MASTER_PORT=str(free_port()))
-    return last_checkpoint(project, "whole")
-
-
-def test_resuming_at_an_epoch_boundary_repeats_the_uninterrupted_run(project, reference):
-    port = str(free_port())
-    first = train(project, "split", epochs=1, MASTER_PORT=port)
-    assert "Resuming" not in first
-    second = train(project, "split", MASTER_PORT=port)
-    assert f"Resuming from logs/toy/split/checkpoints/last.ckpt (epoch 0, step {STEPS_PER_EPOCH})" in second
-    assert_same_parameters(last_checkpoint(project, "split"), reference)
-    assert sorted(p.name for p in (project / "logs" / "toy").iterdir()) == sorted(["whole", "split"])
-
-
-def test_sigterm_saves_a_checkpoint_mid_epoch_and_the_rerun_continues_it_exactly(project, reference):
-    port = str(free_port())
-    process = launch(project, "cpu:2", 0, *run_args(project, "preempted"), RUN_ID="preempted", MASTER_PORT=port)
-    wait_for_step(progress_file(project, "preempted"), STEPS_PER_EPOCH + 10)
-    process.send_signal(signal.SIGTERM)
-    output = finish(process)  # a clean exit: status 0
-    saved = last_checkpoint(project, "preempted")
+@pytest.mark.distributed
+def test_sigterm_to_the_launcher_saves_a_checkpoint_mid_epoch_and_stops_every_process(project, port, preempted):
+    output, saved = preempted
     step = saved["global_step"]
-    assert STEPS_PER_EPOCH < step < 2 * STEPS_PER_EPOCH, "the checkpoint is not from the middle of epoch 1"
-    assert f"Stopped by a signal at epoch 1, step {step}: saved logs/toy/preempted/checkpoints/last.ckpt" in output
-    assert not list((project / "logs" / "toy" / "preempted" / "checkpoints").glob(".*.partial"))
-
-    resumed = train(project, "preempted", MASTER_PORT=port)
-    assert f"Resuming from logs/toy/preempted/checkpoints/last.ckpt (epoch 1, step {step})" in resumed
-    assert "not resumable" not in resumed
-    assert_same_parameters(last_checkpoint(project, "preempted"), reference)
+    assert SIGTERM_STEP <= step < 2 * STEPS_PER_EPOCH, "the checkpoint is not from where the signal arrived"
+    assert "terminated, stopping training: sending SIGTERM to" in output
+    assert f"Stopped by a signal at epoch 1, step {step}: saved logs/toy/{RUN}/checkpoints/last.ckpt" in output
+    assert "still running after" not in output, "training ignored the signal and was killed"
+    assert not list((project / "logs" / "toy" / RUN / "checkpoints").glob(".*.partial"))
+    assert_everything_stopped(project, port)
 
 
-def test_a_killed_worker_is_restarted_by_torchrun_and_resumes(project, reference):
-    port = str(free_port())
-    settings = {"RUN_ID": "elastic", "MASTER_PORT": port, "LAUNCHER": "torchrun"}
-    process = launch(project, "cpu:2", 0, *run_args(project, "elastic"), **settings)
-    wait_for_step(progress_file(project, "elastic"), STEPS_PER_EPOCH + 10)
-    workers = [
-        pid
-        for pid in processes_in(project)
-        if b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"elastic" in Path(f"/proc/{pid}/environ").read_bytes()
-    ]
-    assert len(workers) == 2
-    os.kill(max(workers), signal.SIGKILL)
-    output = finish(process)
+@pytest.mark.distributed
+def test_a_killed_worker_is_restarted_by_torchrun_and_resumes(preempted, restarted):
+    _, saved = preempted
+    checkpoint = f"Resuming from logs/toy/{RUN}/checkpoints/last.ckpt"
+    assert restarted.count(f"{checkpoint} (epoch 1, step {saved['global_step']})") == 1, "the preempted run"
+    assert "will restart worker group" in restarted
+    assert restarted.count(f"{checkpoint} (epoch 1, step {2 * STEPS_PER_EPOCH})") == 1, "the restart"
+    assert "not resumable" not in restarted
+    assert "connectFullMesh" not in restarted
 
-    assert "will restart worker group" in output
-    assert output.count(f"Resuming from logs/toy/elastic/checkpoints/last.ckpt (epoch 0, step {STEPS_PER_EPOCH})") == 1
-    assert "connectFullMesh" not in output
-    assert_same_parameters(last_checkpoint(project, "elastic"), reference)
+
+@pytest.mark.distributed
+def test_the_interrupted_run_ends_with_the_parameters_of_the_uninterrupted_one(project, reference, restarted):
+    assert_same_parameters(last_checkpoint(project, RUN), reference)
+    assert sorted(p.name for p in (project / "logs" / "toy").iterdir()) == sorted(["whole", RUN])
 
 
 def test_rerunning_a_finished_run_trains_nothing_and_says_so(run_cli, caplog):
@@ -129,31 +172,37 @@ def test_rerunning_a_finished_run_trains_nothing_and_says_so(run_cli, caplog):
     assert "Nothing to train: the run in logs/toy/default already reached its end" in output
 
 
-SAVE_FOREVER = textwrap.dedent(
-    """
-    import sys, torch
-    from training import AtomicCheckpointIO
+def save_then_stop_before_the_rename(target: Path, stopped: multiprocessing.synchronize.Event) -> None:
+    """Save step 1, then write step 2 in full and stop just before renaming it into place, where a kill leaves
+    the most behind: a complete .partial file next to the previous checkpoint."""
     io = AtomicCheckpointIO()
-    weights = torch.zeros(50_000_000)
-    for step in range(1_000_000):
-        weights.fill_(step)
-        io.save_checkpoint({"step": step, "weights": weights}, sys.argv[1])
-    """
-)
+    io.save_checkpoint({"step": 1, "weights": torch.full((1000,), 1.0)}, target)
+
+    def stop(fd: int) -> None:
+        stopped.set()
+        time.sleep(3600)
+
+    os.fsync = stop  # in the forked writer only
+    io.save_checkpoint({"step": 2, "weights": torch.full((1000,), 2.0)}, target)
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):
     target = tmp_path / "checkpoints" / "last.ckpt"
     partial = target.with_name(".last.ckpt.partial")
-    writer = subprocess.Popen([sys.executable, "-c", SAVE_FOREVER, str(target)], cwd=Path(__file__).parents[1])
+    fork = multiprocessing.get_context("fork")
+    stopped = fork.Event()
+    writer = fork.Process(target=save_then_stop_before_the_rename, args=(target, stopped))
+    writer.start()
     try:
-        deadline = time.monotonic() + 60
-        while not (target.exists() and partial.exists() and partial.stat().st_size > 0):
-            assert time.monotonic() < deadline, "the writer never started a second save"
-            time.sleep(0.005)
+        while not stopped.wait(0.05):
+            assert writer.is_alive(), "the writer ended before its second save"
     finally:
         writer.kill()
-        writer.wait()
+        writer.join()
     checkpoint = torch.load(target, weights_only=True)
-    assert checkpoint["step"] >= 0
-    assert torch.equal(checkpoint["weights"], torch.full((50_000_000,), float(checkpoint["step"])))
+    assert checkpoint["step"] == 1 and torch.equal(checkpoint["weights"], torch.full((1000,), 1.0))
+    assert torch.load(partial, weights_only=True)["step"] == 2, "the second save was not written in full"
+
+    AtomicCheckpointIO().save_checkpoint({"step": 3}, target)
+    assert torch.load(target, weights_only=True) == {"step": 3}
+    assert not partial.exists(), "the next save did not take over the file a kill left"

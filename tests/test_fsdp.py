@@ -11,7 +11,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from tests.conftest import DDP_YAML, REPO, run_script
+from tests.helpers import DDP_YAML, REPO, run_script
 from tests.test_cli import expect_usage_error
 
 FSDP_YAML = REPO / "configs" / "fsdp.yaml"

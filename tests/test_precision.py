@@ -6,8 +6,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.cluster import probe_args, probe_records
-from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_job
 
 BF16_YAML = str(REPO / "configs" / "bf16.yaml")
 FP16_YAML = str(REPO / "configs" / "fp16.yaml")
@@ -16,26 +15,20 @@ FP16_YAML = str(REPO / "configs" / "fp16.yaml")
 @pytest.fixture(scope="module")
 def bf16_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("bf16")
-    result = run_script(
-        [
-            str(REPO / "cli.py"),
-            "fit",
-            "-c",
-            DDP_YAML,
-            "-c",
-            BF16_YAML,
-            "--trainer.accelerator=cpu",
-            "--trainer.max_epochs=2",
-            "--trainer.log_every_n_steps=4",
-            "--trainer.enable_progress_bar=false",
-            "--data.init_args.num_train=2048",
-            *probe_args(workdir / "probe"),
-        ],
-        cwd=workdir,
+    output, records = run_job(
+        workdir,
+        "fit",
+        "-c",
+        DDP_YAML,
+        "-c",
+        BF16_YAML,
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=2",
+        "--trainer.log_every_n_steps=4",
+        "--trainer.enable_progress_bar=false",
+        "--data.init_args.num_train=2048",
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    records = probe_records(workdir / "probe", 2)
-    return workdir, result.stdout + result.stderr, records
+    return workdir, output, records
 
 
 @pytest.mark.distributed

@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import DDP_YAML, REPO, run_script
+from tests.helpers import DDP_YAML, REPO, run_script
 from training import ScheduledProfiler
 
 PROFILE_YAML = REPO / "configs" / "profile.yaml"

@@ -11,7 +11,7 @@ from torch.utils.data import DistributedSampler
 
 from data import Seq2SeqDataModule
 from data.seq2seq import BOS, EOS, PAD, UNK, LengthGroupedBatchSampler, builtin_pairs, collate, number_to_words
-from tests.conftest import DDP_YAML, REPO
+from tests.helpers import DDP_YAML, REPO
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")
 

@@ -7,8 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data import Seq2SeqDataModule
-from tests.cluster import probe_args, probe_records
-from tests.conftest import DDP_YAML, REPO, SINGLE_PROCESS, run_script
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_job, run_script
 
 pytestmark = pytest.mark.distributed
 
@@ -31,25 +30,19 @@ LAST = "logs/seq2seq/default/checkpoints/last.ckpt"
 @pytest.fixture(scope="module")
 def fit_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("seq2seq")
-    result = run_script(
-        [
-            str(REPO / "cli.py"),
-            "fit",
-            "-c",
-            DDP_YAML,
-            "-c",
-            SEQ2SEQ_YAML,
-            *SMALL,
-            "--trainer.accelerator=cpu",
-            "--trainer.max_epochs=2",
-            "--trainer.enable_progress_bar=false",
-            *probe_args(workdir / "probe"),
-            "--trainer.callbacks.input_key=index",
-        ],
-        cwd=workdir,
+    _, records = run_job(
+        workdir,
+        "fit",
+        "-c",
+        DDP_YAML,
+        "-c",
+        SEQ2SEQ_YAML,
+        *SMALL,
+        "--trainer.accelerator=cpu",
+        "--trainer.max_epochs=2",
+        "--trainer.enable_progress_bar=false",
+        probe_options=("--trainer.callbacks.input_key=index",),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    records = probe_records(workdir / "probe", 2)
     return workdir, records
 
 

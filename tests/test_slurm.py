@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cluster import check_four_ranks, probe_args, wait_for_step
-from tests.conftest import REPO, copy_project
-
-pytestmark = pytest.mark.distributed
+from tests.helpers import REPO, check_four_ranks, copy_project, probe_args, wait_for_hold
+from training.preemption import CHECK_PERIOD
 
 CORES = len(os.sched_getaffinity(0))
+HOLD_STEP = 10
 
 FAKE_SRUN = """#!/usr/bin/env bash
 # Starts SLURM_NNODES x SLURM_NTASKS_PER_NODE copies of the command, each with the variables srun sets,
@@ -81,6 +80,7 @@ def test_node_count_is_written_once():
     assert not re.search(r"num_nodes=\d", script)
 
 
+@pytest.mark.distributed
 def test_job_trains_on_every_task_slurm_starts(tmp_path):
     process, project = sbatch(
         tmp_path, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", *probe_args(tmp_path / "probe")
@@ -93,22 +93,29 @@ def test_job_trains_on_every_task_slurm_starts(tmp_path):
     assert not (tmp_path / "scontrol.log").exists(), "a job that ran to its end was requeued"
 
 
+@pytest.mark.distributed
 def test_the_time_limit_signal_saves_a_checkpoint_and_requeues_the_job(tmp_path):
-    progress = tmp_path / "step"
+    hold = tmp_path / "usr1.hold"
+    hold.touch()
     process, project = sbatch(
         tmp_path,
         "--trainer.max_epochs=5",
         "--trainer.enable_progress_bar=false",
         "--trainer.callbacks+=tests.probe.SlowDown",
-        "--trainer.callbacks.seconds=0.02",
-        f"--trainer.callbacks.progress_file={progress}",
+        f"--trainer.callbacks.seconds={CHECK_PERIOD / 40}",  # the ranks agree on stopping within 40 steps
+        f"--trainer.callbacks.progress_file={tmp_path / 'step'}",
+        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        f"--trainer.callbacks.step={HOLD_STEP}",
+        f"--trainer.callbacks.hold_file={hold}",
     )
-    wait_for_step(progress, 10)
+    wait_for_hold(hold, 4, process)
     process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends the batch script
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
 
     checkpoint = torch.load(project / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert 10 <= checkpoint["global_step"] < 5 * 32, "the checkpoint is not from where the signal arrived"
+    assert HOLD_STEP <= checkpoint["global_step"] <= HOLD_STEP + 40, (
+        "the checkpoint is not from where the signal arrived"
+    )
     assert "requeueing job 4242" in output
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n"

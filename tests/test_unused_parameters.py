@@ -8,8 +8,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from models import AuxHeadModel
-from tests.cluster import probe_args, probe_records
-from tests.conftest import DDP_YAML, REPO, run_script
+from tests.helpers import DDP_YAML, REPO, run_job, run_script
 from training import UnusedParameterCheck
 
 AUX_HEAD_YAML = str(REPO / "configs" / "aux_head.yaml")
@@ -43,13 +42,11 @@ def test_default_ddp_config_stops_at_the_first_step_and_names_the_parameters(tmp
 
 @pytest.mark.distributed
 def test_find_unused_config_trains_to_the_end(tmp_path):
-    probe = probe_args(tmp_path / "probe")
-    args = [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "-c", AUX_HEAD_YAML, "-c", FIND_UNUSED_YAML]
-    result = run_script([*args, *QUICK_RUN, *probe], cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "`Trainer.fit` stopped: `max_epochs=1` reached." in result.stdout + result.stderr
+    configs = ["-c", DDP_YAML, "-c", AUX_HEAD_YAML, "-c", FIND_UNUSED_YAML]
+    output, records = run_job(tmp_path, "fit", *configs, *QUICK_RUN)
+    assert "`Trainer.fit` stopped: `max_epochs=1` reached." in output
 
-    first, second = (record["params"] for record in probe_records(tmp_path / "probe", 2))
+    first, second = (record["params"] for record in records)
     assert any(name.startswith("aux_head.") for name in first)
     for name in first:
         assert torch.equal(first[name], second[name]), name

@@ -1,0 +1,164 @@
+"""Helpers for tests that run the project's entry points as real jobs: the CLI, the launcher as the nodes of a
+cluster, and what their ranks recorded."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from data import RandomDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+DDP_YAML = str(REPO / "configs" / "ddp.yaml")
+# In-process runs stay in this pytest process: one device, no process group.
+SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+
+
+def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900):
+    """Run a project entry point as a user would, with the repo importable and output captured."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(
+        [sys.executable, *args] if args[0].endswith(".py") else args,
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def copy_project(dest: Path) -> Path:
+    """A node's own clone of the project (tracked and new files, no logs or caches), as on a real cluster."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name in filter(None, listed.stdout.split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launcher_env(**settings: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("MASTER_", "NUM_NODES"))}
+    return {**env, "PYTHON": sys.executable, **settings}
+
+
+def launch(node: Path, gpus: str, rank: int | str, *extra: str, netns: str | None = None, **settings: str):
+    command = [str(node / "scripts" / "run_ddp_train.sh"), gpus, str(rank), *extra]
+    if netns:
+        command = ["ip", "netns", "exec", netns, *command]
+    return subprocess.Popen(
+        command, env=launcher_env(**settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def finish(process: subprocess.Popen, timeout: float = 600) -> str:
+    output, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, output
+    return output
+
+
+def probe_args(out_dir: Path) -> list[str]:
+    return ["--trainer.callbacks+=tests.probe.RankProbe", f"--trainer.callbacks.out_dir={out_dir}"]
+
+
+def run_job(
+    workdir: Path, *args: str, probe_options: tuple[str, ...] = (), world_size: int = 2
+) -> tuple[str, list[dict]]:
+    """Run ``python cli.py ARGS`` in ``workdir`` as a real job with tests.probe.RankProbe (``probe_options`` are
+    its arguments); return the job's output and what each rank recorded."""
+    probe = [*probe_args(workdir / "probe"), *probe_options]
+    result = run_script([str(REPO / "cli.py"), *args, *probe], cwd=workdir)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    return output, probe_records(workdir / "probe", world_size)
+
+
+def probe_records(probe_dir: Path, world_size: int) -> list[dict]:
+    """What tests.probe.RankProbe saved for each rank, in rank order."""
+    return [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(world_size)]
+
+
+def check_four_ranks(probe_dir: Path) -> list[dict]:
+    """World size 4, two ranks per node, disjoint shards covering the data, identical parameters."""
+    records = probe_records(probe_dir, 4)
+    assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [(i, 4, "gloo") for i in range(4)]
+    assert sorted((r["node_rank"], r["local_rank"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+    data = RandomDataModule()
+    data.setup("fit")
+    index_of = {row.numpy().tobytes(): i for i, row in enumerate(data.splits["train"].tensors[0])}
+    shards = [{index_of[row.numpy().tobytes()] for row in r["inputs"]} for r in records]
+    assert sum(len(s) for s in shards) == len(index_of) and set().union(*shards) == set(index_of.values())
+
+    for record in records[1:]:
+        for name, value in records[0]["params"].items():
+            assert torch.equal(value, record["params"][name]), name
+    return records
+
+
+def written_files(node: Path) -> list[str]:
+    return sorted(p.relative_to(node).as_posix() for p in (node / "logs").rglob("*") if p.is_file())
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Processes whose working directory is inside ``directory``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")).is_relative_to(directory):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for_step(progress: Path, step: int, timeout: float = 300) -> None:
+    """Wait until the file tests.probe.SlowDown writes shows at least ``step``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        written = progress.read_text() if progress.exists() else ""
+        if written.isdigit() and int(written) >= step:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{progress} never reached step {step}")
+
+
+def wait_for_hold(hold_file: Path, world_size: int, process: subprocess.Popen, timeout: float = 600) -> None:
+    """Wait until every rank holds at the step of tests.probe.HoldAtStep; fail with the output if the run ended."""
+    markers = [Path(f"{hold_file}.rank{rank}") for rank in range(world_size)]
+    deadline = time.monotonic() + timeout
+    while not all(marker.exists() for marker in markers):
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before holding at its step:\n{process.communicate()[0]}")
+        assert time.monotonic() < deadline, f"no rank held at {hold_file} within {timeout} s"
+        time.sleep(0.05)
+
+
+def assert_everything_stopped(node: Path, port: str) -> None:
+    """No process of the launch in ``node`` runs any more, and nobody listens on its port."""
+    deadline = time.monotonic() + 60
+    while processes_in(node) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert processes_in(node) == [], "training processes were left running"
+    with socket.socket() as listener:  # nobody listens on the port any more (as TCPStore, allow TIME_WAIT)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", int(port)))
+        listener.listen()
