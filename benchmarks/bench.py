@@ -286,7 +286,9 @@ def chart(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--quick", action="store_true", help="tiny models, one row per workload, few steps, one round: checks the plumbing"
+        "--quick",
+        action="store_true",
+        help="tiny models, one row per workload, few steps, one round: checks the plumbing",
     )
     parser.add_argument("--rounds", type=int, default=None, help="rounds per comparison (default 5, quick 1)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")

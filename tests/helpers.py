@@ -96,11 +96,16 @@ def probe_records(probe_dir: Path, world_size: int) -> list[dict]:
     return [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(world_size)]
 
 
-def check_four_ranks(probe_dir: Path) -> list[dict]:
-    """World size 4, two ranks per node, disjoint shards covering the data, identical parameters."""
-    records = probe_records(probe_dir, 4)
-    assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [(i, 4, "gloo") for i in range(4)]
-    assert sorted((r["node_rank"], r["local_rank"]) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+def check_ranks(probe_dir: Path, nodes: int = 2, per_node: int = 2) -> list[dict]:
+    """World size ``nodes * per_node`` on gloo, disjoint shards covering the data, identical parameters."""
+    world_size = nodes * per_node
+    records = probe_records(probe_dir, world_size)
+    assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [
+        (i, world_size, "gloo") for i in range(world_size)
+    ]
+    assert sorted((r["node_rank"], r["local_rank"]) for r in records) == [
+        (node, local) for node in range(nodes) for local in range(per_node)
+    ]
 
     data = RandomDataModule()
     data.setup("fit")

@@ -9,6 +9,7 @@ import pytest
 
 from tests.helpers import REPO, run_script
 
+
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")

@@ -26,6 +26,7 @@ from tests.helpers import (
     free_port,
     launch,
     processes_in,
+    run_script,
     wait_for_hold,
 )
 from training.checkpoint_io import AtomicCheckpointIO
@@ -73,16 +74,24 @@ def port():
     return str(free_port())
 
 
+def fit(project: Path, run_id: str, *args: str) -> str:
+    """``python cli.py fit`` with 2 CPU processes, started without the launcher, which the later stages test."""
+    cli = [str(project / "cli.py"), "fit", "-c", "configs/ddp.yaml", "--trainer.accelerator=cpu", "--trainer.devices=2"]
+    result = run_script([*cli, *args], cwd=project, env={"RUN_ID": run_id})
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
-def reference(project, port):
-    finish(launch(project, "cpu:2", 0, *run_args(), RUN_ID="whole", MASTER_PORT=port))
+def reference(project):
+    fit(project, "whole", *run_args())
     return last_checkpoint(project, "whole")
 
 
 @pytest.fixture(scope="module")
-def first_epoch(project, port):
+def first_epoch(project):
     """The run trained for one epoch only: it stops at an epoch boundary."""
-    return finish(launch(project, "cpu:2", 0, *run_args(epochs=1), RUN_ID=RUN, MASTER_PORT=port))
+    return fit(project, RUN, *run_args(epochs=1))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import (
     assert_everything_stopped,
-    check_four_ranks,
+    check_ranks,
     copy_project,
     finish,
     free_port,
@@ -40,7 +40,7 @@ def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
     master = launch(nodes[0], "cpu:2", 0, *extra, netns=master_host["netns"], **settings)
     master_output, worker_output = finish(master), finish(worker)
 
-    records = check_four_ranks(tmp_path / "probe")
+    records = check_ranks(tmp_path / "probe")
     assert [r["threads"] for r in records] == [cores] * 4
     assert "NUM_NODES=2 from the environment overrides trainer.num_nodes" in master_output
     assert "All distributed processes registered. Starting with 4 processes" in master_output
@@ -55,24 +55,25 @@ def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
 
 
 def test_torchrun_launcher_runs_the_same_job(tmp_path):
+    # One process per node: the two-host test above runs two per node.
     nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
     settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "LAUNCHER": "torchrun"}
     extra = [*QUICK_RUN, *probe_args(tmp_path / "probe")]
-    worker = launch(nodes[1], "cpu:2", 1, *extra, **settings)
-    master = launch(nodes[0], "cpu:2", 0, *extra, **settings)
+    worker = launch(nodes[1], "cpu:1", 1, *extra, **settings)
+    master = launch(nodes[0], "cpu:1", 0, *extra, **settings)
     master_output, _ = finish(master), finish(worker)
 
-    check_four_ranks(tmp_path / "probe")
-    assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d" in master_output
+    check_ranks(tmp_path / "probe", nodes=2, per_node=1)
+    assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in master_output
 
 
-def start_long_run(node: Path, **settings: str) -> subprocess.Popen:
+def start_long_run(node: Path, gpus: str = "cpu:2", **settings: str) -> subprocess.Popen:
     """A run that trains until stopped, returned once it has trained a few steps."""
     pace = ["--trainer.callbacks+=tests.probe.SlowDown", "--trainer.callbacks.seconds=0.001"]
     progress = node / "train.step"
     process = launch(
         node,
-        "cpu:2",
+        gpus,
         0,
         "--trainer.max_epochs=1000",
         "--trainer.enable_progress_bar=false",
@@ -115,7 +116,7 @@ def test_a_killed_worker_process_stops_the_whole_node(tmp_path):
 def test_workers_orphaned_by_a_killed_torchrun_are_stopped(tmp_path):
     node = copy_project(tmp_path / "node")
     port = str(free_port())
-    process = start_long_run(node, MASTER_PORT=port, LAUNCHER="torchrun", STOP_TIMEOUT="5")
+    process = start_long_run(node, "cpu:1", MASTER_PORT=port, LAUNCHER="torchrun", STOP_TIMEOUT="5")
     agent = [pid for pid in processes_in(node) if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert len(agent) == 1
     os.kill(agent[0], signal.SIGKILL)  # torchrun's workers live in sessions of their own and outlive it
