@@ -1,6 +1,6 @@
 """Lightning's Trainer without the template: what Lightning's loop costs by itself.
 
-    python benchmarks/lightning_only.py --workload toy --processes 2 --steps 60 --out lightning.json [--quick]
+    python -m benchmarks.lightning_only --workload toy --processes 2 --steps 60 --out lightning.json [--quick]
 
 The model and the data module come from the workload's configs through the CLI's own parser, as in
 benchmarks/raw_ddp.py; they train under a plain ``lightning.pytorch.Trainer`` with Lightning's own
@@ -10,24 +10,20 @@ adds; against the raw loop, what Lightning's loop adds. Rank 0 writes its step t
 benchmarks/timing.py, as a template run does.
 """
 
-import sys
 from pathlib import Path
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-import cli  # noqa: E402
-from benchmarks.timing import StepTimer  # noqa: E402
-from benchmarks.workloads import WORKLOADS, run_parser  # noqa: E402
+from benchmarks.timing import StepTimer
+from benchmarks.workloads import WORKLOADS, build, run_parser
 
 
 def main() -> None:
     args = run_parser(__doc__).parse_args()
     arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir))
     # seed_everything from the config, then the classes: the same initial weights as a template run.
-    built = cli.main([*arguments, f"--trainer.devices={args.processes}"], run=False)
+    built = build([*arguments, f"--trainer.devices={args.processes}"])
     trainer = Trainer(
         accelerator="cpu",
         devices=args.processes,

@@ -1,6 +1,6 @@
 """The hand-written DDP loop the template is held against: the same model, data, batches, seed and threads.
 
-    python benchmarks/raw_ddp.py --workload toy --processes 2 --steps 60 --out raw.json [--quick] [--data-dir DIR]
+    python -m benchmarks.raw_ddp --workload toy --processes 2 --steps 60 --out raw.json [--quick] [--data-dir DIR]
 
 The model and the data module come from the workload's configs through the CLI's own parser (so the
 same classes, sizes and optimizer), without Lightning's Trainer: DistributedDataParallel over gloo, a
@@ -12,7 +12,6 @@ benchmarks/timing.py does for a template run.
 import argparse
 import itertools
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -24,12 +23,10 @@ from lightning.fabric.plugins.environments.lightning import find_free_network_po
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, default_convert
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-import cli  # noqa: E402
-from benchmarks.timing import write_record  # noqa: E402
-from benchmarks.workloads import SEED, WORKLOADS, run_parser  # noqa: E402
-from data.seq2seq import LengthGroupedBatchSampler, collate  # noqa: E402
+from benchmarks.timing import write_record
+from benchmarks.workloads import SEED, WORKLOADS, build, run_parser
+from data.length_sampler import LengthGroupedBatchSampler
+from data.seq2seq import collate
 
 
 def toy_loader(data, rank: int, world: int) -> tuple[DataLoader, DistributedSampler]:
@@ -68,7 +65,7 @@ def train(rank: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=world)
     arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir))
     # seed_everything from the config, then the classes: the model's initial weights match a template run's.
-    built = cli.main([*arguments, f"--trainer.devices={world}"], run=False)
+    built = build([*arguments, f"--trainer.devices={world}"])
     model, data = built.model, built.datamodule
     data.prepare_data()
     data.setup("fit")

@@ -1,6 +1,6 @@
 """Training throughput of the seq2seq example, with and without length-grouped batches.
 
-    python benchmarks/seq2seq_tokens.py [--steps 40] [--repeats 3] [--batch-size 64] [--threads 1]
+    python -m benchmarks.seq2seq_tokens [--steps 40] [--repeats 3] [--batch-size 64] [--threads 1]
 
 Trains the model of configs/seq2seq.yaml on the built-in corpus in one process (by default with one
 thread, what each of 2 DDP processes gets on a 2-core machine), alternating the two batchings
@@ -10,7 +10,6 @@ tokens; the padding each batching adds is computed but not counted.
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,11 +18,10 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from anywhere
+from data import Seq2SeqDataModule
+from models import Seq2SeqTransformer
 
-from data import Seq2SeqDataModule  # noqa: E402
-from models import Seq2SeqTransformer  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def example_settings() -> tuple[dict, dict, float]:

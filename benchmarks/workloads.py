@@ -3,6 +3,9 @@
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import cli
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 42  # seed_everything in configs/ddp.yaml; Lightning seeds its DistributedSampler with it too
@@ -22,7 +25,7 @@ class Workload:
 
 
 WORKLOADS = {
-    # The MLP of the issue that started this benchmark: 1.3M parameters, batch 128, about 25 ms a step on a core.
+    # An MLP of 1.3M parameters, batch 128: a step short enough that any per-step overhead shows.
     "toy": Workload(
         configs=("configs/ddp.yaml",),
         overrides=(
@@ -58,3 +61,16 @@ def run_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="JSON file of step start times; the weights go beside it")
     parser.add_argument("--data-dir", default="cache", help="where the seq2seq corpus is (generated if missing)")
     return parser
+
+
+class BuildOnly(cli.CLI):
+    """``python cli.py fit`` up to where it would train: the model and data module a template run trains, from
+    the same configs and seed, for a side that trains them its own way."""
+
+    def fit(self, model: Any, **kwargs: Any) -> None:
+        """Train nothing: the side trains ``self.model`` and ``self.datamodule`` itself."""
+
+
+def build(arguments: list[str]) -> BuildOnly:
+    """The model and data module of ``python cli.py fit ARGUMENTS``, seeded by its ``seed_everything``."""
+    return cli.main(["fit", *arguments], cli=BuildOnly)

@@ -1,4 +1,4 @@
 from data.random_data import RandomDataModule
-from data.seq2seq import Seq2SeqDataModule, Seq2SeqPredictionWriter
+from data.seq2seq import Seq2SeqDataModule
 
-__all__ = ["RandomDataModule", "Seq2SeqDataModule", "Seq2SeqPredictionWriter"]
+__all__ = ["RandomDataModule", "Seq2SeqDataModule"]

@@ -6,154 +6,24 @@ order; the built-in corpus is written once per node in ``prepare_data``, atomica
 split comes from a seeded generator in ``setup``.
 """
 
-import json
 import os
-import random
 import tempfile
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
-from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.nn.utils.rnn import pad_sequence
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, RandomSampler
+
+from data.length_sampler import LengthGroupedBatchSampler
+from data.number_corpus import BUILTIN_ALPHABET, builtin_pairs
+from data.pairs_file import read_pairs, read_sources
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD, BOS, EOS, UNK = range(len(SPECIALS))
-
-ONES = [
-    *("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"),
-    *("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"),
-]
-TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
-# Every character the built-in task can produce, so its vocabulary is known before any corpus exists.
-BUILTIN_ALPHABET = sorted(set("".join(ONES + TENS) + "hundred thousand -,0123456789"))
-
-
-def number_to_words(number: int) -> str:
-    """``305017 -> "three hundred five thousand seventeen"`` (American English, no "and"), for 0..999,999."""
-
-    def below_thousand(n: int) -> list[str]:
-        words = [ONES[n // 100], "hundred"] if n >= 100 else []
-        n %= 100
-        if n >= 20:
-            words.append(TENS[n // 10] + (f"-{ONES[n % 10]}" if n % 10 else ""))
-        elif n:
-            words.append(ONES[n])
-        return words
-
-    if number == 0:
-        return "zero"
-    thousands, rest = divmod(number, 1000)
-    words = [*below_thousand(thousands), "thousand"] if thousands else []
-    return " ".join(words + below_thousand(rest))
-
-
-def builtin_pairs(num_pairs: int, max_digits: int, seed: int) -> list[tuple[str, str]]:
-    """Distinct numbers with a uniformly drawn digit count, so short numbers are as common as the long ones allow,
-    and one in four rounded (``12,000``), as people often write numbers. Sources have a comma before the
-    thousands (``"305,017"``).
-    """
-    rng = random.Random(seed)
-    numbers: dict[int, None] = {}  # a dict keeps the draw order, so the corpus is the same on every run
-    while len(numbers) < num_pairs:
-        digits = rng.randint(1, max_digits)
-        number = rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
-        if rng.random() < 0.25:
-            unit = 10 ** rng.randrange(digits)
-            number = number // unit * unit
-        numbers[number] = None
-    return [(f"{n:,}", number_to_words(n)) for n in numbers]
-
-
-def _lines(path: Path, flag: str) -> Iterator[tuple[int, str]]:
-    """Yield ``(line_number, text)`` of a UTF-8 file, with the failing line named if it is not UTF-8."""
-    if not path.is_file():
-        raise ValueError(f"{flag}: no such file: {path}")
-    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a BOM left by some Windows editors
-    if not raw.strip():
-        raise ValueError(f"{flag}: {path} is empty")
-    for number, line in enumerate(raw.removesuffix(b"\n").split(b"\n"), start=1):
-        try:
-            yield number, line.removesuffix(b"\r").decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{flag}: {path}:{number}: not valid UTF-8 ({error.reason}); save the file as UTF-8"
-            ) from None
-
-
-def _check_text(text: str, what: str) -> str | None:
-    if not text:
-        return f"empty {what}"
-    if "\t" in text or "\n" in text:
-        return f"the {what} contains a tab or line break, which a source<TAB>prediction line could not hold"
-    return None
-
-
-def read_pairs(path: str | Path, flag: str = "data.path") -> list[tuple[str, str]]:
-    """Parse ``source<TAB>target`` lines (``.tsv``, ``.txt``) or ``{"source": ..., "target": ...}`` lines (``.jsonl``).
-
-    The whole file is checked before anything uses it; the first bad line raises a ValueError naming
-    ``flag``, the file, the line number, the problem and the expected format.
-    """
-    path = Path(path)
-    if path.suffix not in (".tsv", ".txt", ".jsonl"):
-        raise ValueError(f"{flag}: {path}: unknown format; name the file .tsv (source<TAB>target) or .jsonl")
-    jsonl = path.suffix == ".jsonl"
-    expected = '{"source": "...", "target": "..."}' if jsonl else "source<TAB>target"
-    pairs = []
-    for number, line in _lines(path, flag):
-        if jsonl:
-            pair, problem = _parse_json_line(line)
-        else:
-            pair, problem = _parse_tsv_line(line)
-        problem = problem or _check_text(pair[0], "source") or _check_text(pair[1], "target")
-        if problem:
-            raise ValueError(f"{flag}: {path}:{number}: {problem}; each line must be {expected}")
-        pairs.append(pair)
-    return pairs
-
-
-def _parse_tsv_line(line: str) -> tuple[tuple[str, str], str | None]:
-    if not line:
-        return ("", ""), "empty line"
-    fields = line.split("\t")
-    if len(fields) != 2:
-        return ("", ""), "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs, expected one"
-    return (fields[0], fields[1]), None
-
-
-def _parse_json_line(line: str) -> tuple[tuple[str, str], str | None]:
-    try:
-        record = json.loads(line) if line else None
-    except json.JSONDecodeError as error:
-        return ("", ""), f"not valid JSON ({error.msg} at column {error.colno})"
-    if not isinstance(record, dict):
-        return ("", ""), "empty line" if not line else "not a JSON object"
-    unknown = sorted(set(record) - {"source", "target"})
-    if unknown:
-        return ("", ""), f"unknown field {unknown[0]!r}"
-    missing = [key for key in ("source", "target") if key not in record]
-    if missing:
-        return ("", ""), f"missing field {missing[0]!r}"
-    if not all(isinstance(record[key], str) for key in ("source", "target")):
-        return ("", ""), "source and target must be strings"
-    return (record["source"], record["target"]), None
-
-
-def read_sources(path: str | Path, flag: str = "data.predict_path") -> list[str]:
-    """One source per line, checked like :func:`read_pairs`."""
-    sources = []
-    for number, line in _lines(Path(path), flag):
-        problem = _check_text(line, "source")
-        if problem:
-            raise ValueError(f"{flag}: {path}:{number}: {problem}; give one source per line")
-        sources.append(line)
-    return sources
 
 
 class Seq2SeqDataset(Dataset):
@@ -185,35 +55,6 @@ def collate(items: list[tuple[int, list[int], list[int] | None]]) -> dict[str, t
     if targets[0] is not None:
         batch.update(zip(("target", "target_padding_mask"), pad(targets), strict=True))
     return batch
-
-
-class LengthGroupedBatchSampler(BatchSampler):
-    """Batches of similar length: the indices ``sampler`` yields are cut into pools of ``pool_batches`` batches,
-    each pool is sorted by ``lengths`` and cut into batches, and the order of all batches is shuffled.
-
-    Under DDP, Lightning replaces ``sampler`` with a DistributedSampler, so each rank groups its own
-    shard and every rank gets the same number of batches.
-    """
-
-    def __init__(
-        self, sampler: Sampler[int], batch_size: int, drop_last: bool, lengths: Sequence[int], pool_batches: int = 50
-    ) -> None:
-        super().__init__(sampler, batch_size, drop_last)
-        self.lengths = lengths
-        self.pool_batches = pool_batches
-
-    def __iter__(self) -> Iterator[list[int]]:
-        indices = list(self.sampler)
-        pool_size = self.batch_size * self.pool_batches
-        batches = []
-        for start in range(0, len(indices), pool_size):
-            pool = sorted(indices[start : start + pool_size], key=self.lengths.__getitem__)
-            batches += [pool[i : i + self.batch_size] for i in range(0, len(pool), self.batch_size)]
-        if self.drop_last and len(batches[-1]) < self.batch_size:
-            batches.pop()
-        # The global generator, seeded by seed_everything, so runs repeat and epochs differ.
-        for i in torch.randperm(len(batches)).tolist():
-            yield batches[i]
 
 
 class Seq2SeqDataModule(LightningDataModule):
@@ -395,43 +236,3 @@ class Seq2SeqDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self._dataset(self.predict_sources), batch_size=self.hparams.batch_size)
-
-
-class Seq2SeqPredictionWriter(BasePredictionWriter):
-    """Writes ``source<TAB>prediction`` lines in the order of ``data.predict_path``, once, from global rank 0.
-
-    Each rank predicts a shard; the (index, prediction) pairs are gathered on rank 0, put back in
-    input order, and written to a temporary file that is then renamed to ``output_path``.
-
-    Args:
-        output_path: the TSV file to write.
-    """
-
-    def __init__(self, output_path: str = "predictions.tsv") -> None:
-        super().__init__(write_interval="epoch")
-        self.output_path = Path(output_path)
-
-    def write_on_epoch_end(
-        self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[dict], batch_indices: Sequence
-    ) -> None:
-        data = trainer.datamodule
-        local = {
-            index: data.decode(tokens)
-            for batch in predictions
-            for index, tokens in zip(batch["index"].tolist(), batch["tokens"].tolist(), strict=True)
-        }
-        shards = [local]
-        if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            shards = [{} for _ in range(trainer.world_size)] if trainer.global_rank == 0 else None
-            dist.gather_object(local, shards, dst=0)
-        if trainer.global_rank != 0:
-            return
-        merged = {index: text for shard in shards for index, text in shard.items()}
-        sources = data.predict_sources
-        if sorted(merged) != list(range(len(sources))):
-            raise RuntimeError(f"predictions cover {len(merged)} of {len(sources)} sources")
-        self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.output_path.parent, delete=False) as tmp:
-            tmp.writelines(f"{source}\t{merged[i]}\n" for i, source in enumerate(sources))
-        os.replace(tmp.name, self.output_path)
-        print(f"Wrote {len(sources)} predictions to {self.output_path}")

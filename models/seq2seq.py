@@ -10,8 +10,6 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import nn
 from torchmetrics import MeanMetric
 
-from models.step_logging import logger_writes_this_step
-
 
 def sinusoidal_positions(length: int, width: int, device: torch.device) -> torch.Tensor:
     """The fixed position code of "Attention Is All You Need": no length limit, nothing to learn or broadcast."""
@@ -213,8 +211,7 @@ class Seq2SeqTransformer(LightningModule):
             logits.transpose(1, 2), labels, ignore_index=self.hparams.pad_id, label_smoothing=smoothing
         )
         if stage == "train":
-            if logger_writes_this_step(self):
-                self.log("train/loss", loss, prog_bar=True)
+            self.log("train/loss", loss, prog_bar=True)
             return loss
         real = ~batch["target_padding_mask"][:, 1:]
         tokens = real.sum()

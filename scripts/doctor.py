@@ -3,10 +3,11 @@
 This node: versions, GPUs against the GPU list, /dev/shm. Then one process per device joins the job's
 start-up handshake (the one training uses), so the master prints a row per process and names every
 difference; the processes then form a process group with a short timeout and verify the collectives
-the seeds teach, and optionally measure their bandwidth (scripts/comm_bench.py).
+that data-parallel training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
 """
 
 import argparse
+import importlib
 import os
 import platform
 import socket
@@ -73,7 +74,7 @@ def check_node(args: argparse.Namespace) -> bool:
 
 
 def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, str]:
-    """Each collective the seeds teach on small tensors whose right result is known; name -> problem or ""."""
+    """Each collective data-parallel training uses, on small tensors of known result; name -> problem or ""."""
     problems: dict[str, str] = {}
 
     def full(value: float) -> torch.Tensor:
@@ -183,6 +184,10 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
         device, name = torch.device("cpu"), "cpu"
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = timedelta(seconds=args.timeout)
+    # The code a training run imports: the digest covers the modules of the config's classes too.
+    for key, value in config.items():
+        if key.endswith("class_path"):
+            importlib.import_module(value.rpartition(".")[0])
     me = Member(
         node_rank=args.node_rank,
         local_rank=local_rank,

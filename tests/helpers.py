@@ -16,7 +16,7 @@ from data import RandomDataModule
 REPO = Path(__file__).resolve().parents[1]
 DDP_YAML = str(REPO / "configs" / "ddp.yaml")
 # In-process runs stay in this pytest process: one device, no process group.
-SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1"]
 
 
 def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900):

@@ -1,9 +1,10 @@
-"""benchmarks/bench.py in its quick mode: every figure measured, written as JSON and drawn, same results."""
+"""``python -m benchmarks.bench --quick``: every figure measured, written as JSON and drawn, same results."""
 
 import json
 import math
 import re
 import statistics
+import sys
 
 import pytest
 
@@ -13,7 +14,8 @@ from tests.helpers import REPO, run_script
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    result = run_script([str(REPO / "benchmarks" / "bench.py"), "--quick", "--out", str(out)], cwd=out, timeout=1800)
+    command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--out", str(out)]
+    result = run_script(command, cwd=REPO, timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((out / "bench.json").read_text()), result.stdout, out
 
@@ -42,6 +44,7 @@ def test_every_workload_and_process_count_is_timed_against_the_raw_loop(bench):
                 {"median": statistics.median(pairs), "low": min(pairs), "high": max(pairs)}
             )
     assert results["worst_ratio"] == max(r["ratio"]["median"] for r in rows)
+    assert results["worst_lightning_ratio"] == max(r["template_over_lightning"]["median"] for r in rows)
 
 
 @pytest.mark.distributed
@@ -63,15 +66,20 @@ def test_logging_data_path_and_startup_figures_are_present(bench):
 
 
 @pytest.mark.distributed
-def test_prints_a_table_draws_a_chart_and_ends_with_the_headline(bench):
+def test_prints_a_table_draws_a_chart_and_ends_with_the_headlines(bench):
     results, stdout, out = bench
     assert "step time, median ms     template Lightning    raw   template/raw (rounds)" in stdout
     for row in results["steps"]:
         assert f"{row['workload']:>8}, {row['processes']} process(es) {row['template_step_ms']:8.2f}" in stdout
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
-    last = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"worst template/raw step-time ratio: \d+\.\d\d", last)
-    assert last.endswith(f"{results['worst_ratio']:.2f}")
+    *_, lightning, raw = stdout.strip().splitlines()
+    for line, prefix, key in (
+        (lightning, "worst template/Lightning step-time ratio: ", "worst_lightning_ratio"),
+        (raw, "worst template/raw step-time ratio: ", "worst_ratio"),
+    ):
+        assert re.fullmatch(re.escape(prefix) + r"\d+\.\d\d", line), line
+        assert float(line.removeprefix(prefix)) > 0
+        assert line.endswith(f"{results[key]:.2f}")
 
 
 def test_ratios_pair_the_runs_of_each_round():
@@ -82,3 +90,14 @@ def test_ratios_pair_the_runs_of_each_round():
     template, raw = [20.0, 60.0, 21.0], [20.0, 60.0, 14.0]
     assert statistics.median(template) / statistics.median(raw) == 1.05
     assert paired(template, raw) == {"median": 1.0, "low": 1.0, "high": 1.5}
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1"])
+def test_rounds_below_one_is_refused_naming_the_flag(rounds, monkeypatch, capsys):
+    from benchmarks import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "--rounds", rounds])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    assert f"--rounds must be at least 1, got {rounds}" in capsys.readouterr().err

@@ -51,7 +51,6 @@ def test_any_module_plugs_in_by_class_path(run_cli):
         "lightning.pytorch.demos.boring_classes.BoringDataModule",
         "--trainer.fast_dev_run=1",
         "--trainer.accelerator=cpu",
-        "--trainer.enable_progress_bar=false",
     )
     assert type(result.model) is BoringModel
     assert result.trainer.global_step == 1
@@ -171,3 +170,13 @@ def test_main_config_starts_two_cpu_processes_without_a_gpu(run_cli, capsys, mon
     trainer = yaml.safe_load(capsys.readouterr().out)["trainer"]
     assert trainer["devices"] == 2 and trainer["num_nodes"] == 3
     assert trainer["strategy"]["init_args"]["timeout"] == "0:30:00"
+
+
+def test_settings_the_trainer_rejects_together_are_named(run_cli, capsys):
+    # configs/ddp.yaml declares the progress bar; turning it off is refresh_rate: 0 on that entry.
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.enable_progress_bar=false")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "`enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list. Change one of the two" in err
+    assert "Traceback" not in err

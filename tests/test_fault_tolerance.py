@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import multiprocessing.synchronize
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -45,7 +46,6 @@ RUN = "interrupted"
 def run_args(epochs: int = EPOCHS, hold_at: int | None = None, hold_file: Path | None = None) -> list[str]:
     args = [
         f"--trainer.max_epochs={epochs}",
-        "--trainer.enable_progress_bar=false",
         "--model.init_args.dropout=0.2",
         "--trainer.callbacks+=tests.probe.SlowDown",
         f"--trainer.callbacks.seconds={PACE}",
@@ -133,11 +133,17 @@ def assert_same_parameters(checkpoint: dict, reference: dict) -> None:
         assert torch.equal(checkpoint["state_dict"][name], value), name
 
 
+def resumed(output: str, run: str, epoch: int, step: int) -> list[str]:
+    """The lines saying that the run resumed from its last.ckpt at ``epoch`` and ``step``."""
+    pattern = rf"Resuming from \S*/logs/toy/{run}/checkpoints/last\.ckpt \(epoch {epoch}, step {step}\)\."
+    return re.findall(pattern, output)
+
+
 @pytest.mark.distributed
 def test_a_run_stopped_at_an_epoch_boundary_resumes_from_there(first_epoch, preempted):
     assert "Resuming" not in first_epoch
     output, _ = preempted
-    assert f"Resuming from logs/toy/{RUN}/checkpoints/last.ckpt (epoch 0, step {STEPS_PER_EPOCH})" in output
+    assert len(resumed(output, RUN, epoch=0, step=STEPS_PER_EPOCH)) == 1
 
 
 @pytest.mark.distributed
@@ -155,10 +161,9 @@ def test_sigterm_to_the_launcher_saves_a_checkpoint_mid_epoch_and_stops_every_pr
 @pytest.mark.distributed
 def test_a_killed_worker_is_restarted_by_torchrun_and_resumes(preempted, restarted):
     _, saved = preempted
-    checkpoint = f"Resuming from logs/toy/{RUN}/checkpoints/last.ckpt"
-    assert restarted.count(f"{checkpoint} (epoch 1, step {saved['global_step']})") == 1, "the preempted run"
+    assert len(resumed(restarted, RUN, epoch=1, step=saved["global_step"])) == 1, "the preempted run"
     assert "will restart worker group" in restarted
-    assert restarted.count(f"{checkpoint} (epoch 1, step {2 * STEPS_PER_EPOCH})") == 1, "the restart"
+    assert len(resumed(restarted, RUN, epoch=1, step=2 * STEPS_PER_EPOCH)) == 1, "the restart"
     assert "not resumable" not in restarted
     assert "connectFullMesh" not in restarted
 
@@ -177,7 +182,7 @@ def test_rerunning_a_finished_run_trains_nothing_and_says_so(run_cli, caplog):
         rerun = run_cli(*args)
     assert finished == rerun.trainer.global_step == 4
     output = caplog.text
-    assert "Resuming from logs/toy/default/checkpoints/last.ckpt (epoch 0, step 4)" in output
+    assert len(resumed(output, "default", epoch=0, step=4)) == 1
     assert "Nothing to train: the run in logs/toy/default already reached its end" in output
 
 

@@ -49,7 +49,7 @@ def test_on_cpu_lightning_refuses_fsdp_with_the_reason(run_cli, capsys):
 def fit_then_reload_a_sharded_checkpoint(workdir: Path, device_args: list[str]) -> None:
     """Train 2 processes, check the sharded checkpoint directory, then validate from it and resume from it."""
     probe = ["--trainer.callbacks+=tests.probe.MetricProbe", f"--trainer.callbacks.out_dir={workdir / 'probe'}"]
-    common = ["-c", DDP_YAML, "-c", str(FSDP_YAML), *device_args, "--trainer.enable_progress_bar=false"]
+    common = ["-c", DDP_YAML, "-c", str(FSDP_YAML), *device_args]
     data = ["--data.init_args.num_train=1024", "--data.init_args.num_val=256"]
     cli = str(REPO / "cli.py")
 

@@ -25,7 +25,6 @@ def bf16_run(tmp_path_factory):
         "--trainer.accelerator=cpu",
         "--trainer.max_epochs=2",
         "--trainer.log_every_n_steps=4",
-        "--trainer.enable_progress_bar=false",
         "--data.init_args.num_train=2048",
     )
     return workdir, output, records

@@ -25,7 +25,6 @@ def test_each_rank_writes_a_trace_of_the_active_steps(tmp_path):
             str(PROFILE_YAML),
             "--trainer.accelerator=cpu",
             "--trainer.max_epochs=1",
-            "--trainer.enable_progress_bar=false",
             f"--trainer.limit_train_batches={batches + 1}",  # the recording ends inside the epoch
             "--trainer.limit_val_batches=2",
         ],

@@ -10,7 +10,9 @@ from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from torch.utils.data import DistributedSampler
 
 from data import Seq2SeqDataModule
-from data.seq2seq import BOS, EOS, PAD, UNK, LengthGroupedBatchSampler, builtin_pairs, collate, number_to_words
+from data.length_sampler import LengthGroupedBatchSampler
+from data.number_corpus import builtin_pairs, number_to_words
+from data.seq2seq import BOS, EOS, PAD, UNK, collate
 from tests.helpers import DDP_YAML, REPO
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")

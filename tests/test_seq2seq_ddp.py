@@ -40,7 +40,6 @@ def fit_run(tmp_path_factory):
         *SMALL,
         "--trainer.accelerator=cpu",
         "--trainer.max_epochs=2",
-        "--trainer.enable_progress_bar=false",
         probe_options=("--trainer.callbacks.input_key=index",),
     )
     return workdir, records

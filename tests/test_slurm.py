@@ -82,9 +82,7 @@ def test_node_count_is_written_once():
 
 @pytest.mark.distributed
 def test_job_trains_on_every_task_slurm_starts(tmp_path):
-    process, project = sbatch(
-        tmp_path, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", *probe_args(tmp_path / "probe")
-    )
+    process, project = sbatch(tmp_path, "--trainer.max_epochs=1", *probe_args(tmp_path / "probe"))
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
     records = check_ranks(tmp_path / "probe")
@@ -100,7 +98,6 @@ def test_the_time_limit_signal_saves_a_checkpoint_and_requeues_the_job(tmp_path)
     process, project = sbatch(
         tmp_path,
         "--trainer.max_epochs=5",
-        "--trainer.enable_progress_bar=false",
         "--trainer.callbacks+=tests.probe.SlowDown",
         f"--trainer.callbacks.seconds={CHECK_PERIOD / 40}",  # the ranks agree on stopping within 40 steps
         f"--trainer.callbacks.progress_file={tmp_path / 'step'}",

@@ -16,7 +16,6 @@ FIND_UNUSED_YAML = str(REPO / "configs" / "find_unused.yaml")
 QUICK_RUN = [
     "--trainer.accelerator=cpu",
     "--trainer.max_epochs=1",
-    "--trainer.enable_progress_bar=false",
     "--data.init_args.num_train=1024",
     "--data.init_args.num_val=256",
 ]

@@ -1,6 +1,8 @@
 from training.checkpoint_io import AtomicCheckpointIO
+from training.prediction_writer import Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
 from training.profiler import ScheduledProfiler
+from training.resume import ResumeReport
 from training.rng import RNGStateCheckpoint
 from training.startup import StartupError
 from training.strategy import DDPStrategy
@@ -11,7 +13,9 @@ __all__ = [
     "DDPStrategy",
     "PreemptionCheckpoint",
     "RNGStateCheckpoint",
+    "ResumeReport",
     "ScheduledProfiler",
+    "Seq2SeqPredictionWriter",
     "StartupError",
     "UnusedParameterCheck",
 ]

@@ -1,18 +1,45 @@
 """What processes of one job must agree on, in a form cheap to send and easy to compare."""
 
 import hashlib
+import site
+import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parents[1]
-CODE = ["cli.py", "models/**/*.py", "data/**/*.py", "training/**/*.py"]
+# Where Python and the installed packages live; their versions are compared on their own (torch, Lightning).
+INSTALLED = tuple(
+    str(Path(p).resolve())
+    for p in {
+        *(sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")),
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+    }
+)
 
 
-def code_digest(root: Path = PROJECT) -> str:
-    """A short hash of the project's Python code, by path and content."""
+def imported_code() -> dict[str, Path]:
+    """The source file of every module this process imported from outside the Python installation, by module
+    name: the project's own modules and any user package a ``class_path`` named, wherever it lives."""
+    code = {}
+    for name, module in list(sys.modules.items()):
+        path = Path(getattr(module, "__file__", None) or "")
+        # Some "modules" are namespaces that torch builds, with a file name but no file.
+        if (
+            path.suffix == ".py"
+            and path.is_absolute()
+            and path.is_file()
+            and not str(path.resolve()).startswith(INSTALLED)
+        ):
+            code[name] = path
+    return code
+
+
+def code_digest() -> str:
+    """A short hash of ``imported_code``, by module name and content (each node may keep its clone elsewhere)."""
     digest = hashlib.sha256()
-    for path in sorted({p for pattern in CODE for p in root.glob(pattern)}):
-        digest.update(path.relative_to(root).as_posix().encode())
+    for name, path in sorted(imported_code().items()):
+        digest.update(name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -8,10 +8,10 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from training.private_api import stop_sigterm_broadcast
 from training.resume import last_checkpoint_path
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -51,10 +51,7 @@ class PreemptionCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._since_check = self._check_every = 0
         self._last_check = time.monotonic()
-        epoch_loop = trainer.fit_loop.epoch_loop
-        if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-            epoch_loop._broadcast_sigterm_tensor = lambda: None  # redundant with the agreement below
-        else:
+        if not stop_sigterm_broadcast(trainer):  # redundant with the agreement below
             rank_zero_warn("Lightning's per-batch SIGTERM broadcast has moved; it stays on and costs some speed.")
         # After Lightning registered its handlers, which it restores when the run ends.
         if threading.current_thread() is threading.main_thread():
@@ -64,8 +61,9 @@ class PreemptionCheckpoint(Callback):
 
     def _handler(self, trainer: Trainer):
         def request_stop(signum: int, frame: FrameType | None) -> None:
+            # The processes Lightning started on this node; torchrun signals its workers itself.
             launcher = trainer.strategy.launcher
-            if not self._requested and isinstance(launcher, _SubprocessScriptLauncher):
+            if not self._requested and launcher is not None:
                 launcher.kill(signal.SIGTERM)
             self._requested = True
 

@@ -1,11 +1,15 @@
-"""Where a run keeps its checkpoints, and which one the same command resumes from."""
+"""Where a run keeps its checkpoints, and what a resumed run says about where it continues.
 
-import os
+The resume itself is Lightning's: ``ckpt_path: last`` in configs/ddp.yaml loads the newest ``last*.ckpt`` of
+the run's checkpoint directory, and a run without one starts from scratch.
+"""
+
 from pathlib import Path
+from typing import Any
 
-import torch
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 
 def checkpoint_dir(trainer: Trainer) -> Path | None:
@@ -30,18 +34,22 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     return checkpoint_dir(trainer) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
 
 
-def find_last_checkpoint(trainer: Trainer) -> Path | None:
-    """The newest ``last*.ckpt`` of the run, if an earlier run with the same id left one."""
-    directory = checkpoint_dir(trainer)
-    if directory is None or not directory.is_dir():
-        return None
-    candidates = [p for p in directory.glob(f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}*{ModelCheckpoint.FILE_EXTENSION}")]
-    return max(candidates, key=os.path.getmtime, default=None)
+class ResumeReport(Callback):
+    """Says where a resumed run continues, and that there is nothing to train when it had already ended."""
 
+    def __init__(self) -> None:
+        self.resumed_step: int | None = None
 
-def checkpoint_progress(path: Path) -> tuple[int, int]:
-    """(epoch, global step) recorded in a checkpoint file or a sharded checkpoint directory, without its tensors."""
-    # A sharded (FSDP) checkpoint keeps everything but the tensors in meta.pt.
-    file = path / "meta.pt" if path.is_dir() else path
-    checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=not path.is_dir())
-    return checkpoint["epoch"], checkpoint["global_step"]
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.resumed_step = checkpoint["global_step"]
+        rank_zero_info(f"Resuming from {trainer.ckpt_path} (epoch {checkpoint['epoch']}, step {self.resumed_step}).")
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.resumed_step == trainer.global_step:
+            rank_zero_info(
+                f"Nothing to train: the run in {checkpoint_dir(trainer).parent} already reached its end (epoch "
+                f"{trainer.current_epoch}, step {trainer.global_step}; trainer.max_epochs={trainer.max_epochs}, "
+                f"trainer.max_steps={trainer.max_steps}). Raise those to train longer, or set RUN_ID to start a new "
+                "run."
+            )
+        self.resumed_step = None

@@ -1,5 +1,6 @@
 """Lightning's DDPStrategy, with a start-up handshake that explains a job that cannot start."""
 
+import atexit
 import os
 import signal
 import socket
@@ -8,47 +9,95 @@ from typing import Any
 
 import lightning
 import torch
-from lightning.fabric.utilities.distributed import _init_dist_connection
-from lightning.fabric.utilities.seed import reset_seed
+import torch.distributed as dist
+from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed.constants import default_pg_timeout
 
-from training.startup import Member, StartupError, handshake
+from training.fingerprint import checkpoint_fact, code_digest
+from training.startup import FIXES, Member, StartupError, handshake
 
 
 class DDPStrategy(LightningDDPStrategy):
     """DDP whose processes shake hands before the process group starts.
 
-    Each process reports its node, host, versions, devices per node, ``num_nodes`` and the ``startup_facts``
-    the CLI adds (a digest of the config and the code, the checkpoint it loads). Global rank 0 waits up to
+    Each process reports its node, host, versions, devices per node, ``num_nodes``, a digest of the code it
+    imported and the ``startup_facts`` the CLI adds (the resolved config). Global rank 0 waits up to
     ``join_timeout`` for all of them: a node that never arrives, or nodes that disagree, stop the job at once
     with one paragraph naming who is missing or what differs, on every node, instead of a hang or a store
     timeout after the collective ``timeout``. The handshake uses the job's own TCPStore at MASTER_ADDR:MASTER_PORT.
+    Once the checkpoint is loaded, the processes check that they all loaded the same one and that it fits the
+    model, again stopping with one paragraph.
 
     Args:
         join_timeout: how long global rank 0 waits for every process to arrive, e.g. ``"0:10:00"``.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
-    def __init__(self, *args: Any, join_timeout: timedelta = timedelta(minutes=10), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        *args: Any,
+        timeout: timedelta = default_pg_timeout,
+        join_timeout: timedelta = timedelta(minutes=10),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
+        self.timeout = timeout
         self.join_timeout = join_timeout
         self.startup_facts: dict[str, Any] = {}
+        self.checkpoint_problem = ""
 
     def setup_distributed(self) -> None:
-        # Lightning's DDPStrategy.setup_distributed, with the handshake's store handed to the process group.
-        reset_seed()
+        # The process group starts on the handshake's store; Lightning's own setup then finds it started.
         self.set_world_ranks()
-        self._process_group_backend = self._get_process_group_backend()
-        assert self.cluster_environment is not None
-        kwargs: dict[str, Any] = {"timeout": self._timeout}
-        if self.root_device.type != "cpu":
-            kwargs["device_id"] = self.root_device
+        if self.world_size > 1 and not dist.is_initialized():
+            backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+            dist.init_process_group(
+                backend,
+                store=self._join(),
+                rank=self.global_rank,
+                world_size=self.world_size,
+                timeout=self.timeout,
+                device_id=self.root_device if self.root_device.type != "cpu" else None,
+            )
+            if backend == "nccl":
+                atexit.register(leave_process_group)
+            rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
+        super().setup_distributed()
+
+    def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
+        # Reported in setup() by every process at once: a process that raised here alone would leave the
+        # others waiting for it in a collective.
+        self.checkpoint_problem = model_mismatch(self.lightning_module.state_dict(), checkpoint["state_dict"])
+        if not (strict and self.checkpoint_problem):
+            super().load_model_state_dict(checkpoint, strict)
+
+    def setup(self, trainer: Trainer) -> None:
+        # Each process resolved ckpt_path (``last`` included) on its own filesystem: all must have loaded one
+        # and the same checkpoint, which also fits the model, before DDP copies rank 0's weights to the rest.
+        problem = self.checkpoint_problem if trainer.lightning_module.strict_loading else ""
+        mine = (f"node {self.node_rank} ({socket.gethostname()})", checkpoint_fact(trainer.ckpt_path), problem)
+        everyone = [mine]
         if self.world_size > 1:
-            kwargs["store"] = self._join()
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, **kwargs)
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, mine)
+        self.checkpoint_problem = ""
+        loads = {where: fact for where, fact, _ in everyone}
+        if len(set(loads.values())) > 1:
+            shown = ", ".join(f"{where} loads {fact}" for where, fact in loads.items())
+            raise StartupError(
+                f"the job cannot start, its processes load different checkpoints: {shown}. To fix: "
+                f"{FIXES['checkpoint']}."
+            )
+        if problem := next((problem for _, _, problem in everyone if problem), ""):
+            raise StartupError(
+                f"the checkpoint {trainer.ckpt_path} holds another model than the config builds now ({problem}). "
+                "To resume, restore the model settings of that run; to train the changed model, start a new run "
+                "with RUN_ID=<new id>."
+            )
+        super().setup(trainer)
 
     def _join(self) -> Store:
         environment = self.cluster_environment
@@ -65,6 +114,7 @@ class DDPStrategy(LightningDDPStrategy):
                 "devices per node": self.num_processes,
                 "torch": torch.__version__,
                 "lightning": lightning.__version__,
+                "project code": code_digest(),
                 **self.startup_facts,
             },
         )
@@ -81,7 +131,7 @@ class DDPStrategy(LightningDDPStrategy):
         except StartupError:
             # The processes Lightning started on this node may still be importing: they would only wait
             # for a store that is gone, so stop them with this one.
-            if isinstance(self.launcher, _SubprocessScriptLauncher):
+            if self.launcher is not None:
                 self.launcher.kill(signal.SIGKILL)
             raise
         hosts = dict.fromkeys(member.where for member in roster.members)
@@ -109,3 +159,26 @@ class DDPStrategy(LightningDDPStrategy):
         if agent_store:
             return PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         return store
+
+
+def leave_process_group() -> None:
+    """At exit: torch warns of an NCCL process group that was never destroyed."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def model_mismatch(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str:
+    """What keeps ``saved`` (a checkpoint's state dict) from loading into ``model``'s, or "" if nothing does."""
+    missing = sorted(model.keys() - saved.keys())
+    unexpected = sorted(saved.keys() - model.keys())
+    reshaped = [
+        f"{key} {tuple(saved[key].shape)} in the checkpoint, {tuple(model[key].shape)} now"
+        for key in sorted(model.keys() & saved.keys())
+        if model[key].shape != saved[key].shape
+    ]
+    parts = [
+        f"{what}: {', '.join(keys[:3])}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
+        for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", reshaped))
+        if keys
+    ]
+    return "; ".join(parts)

@@ -1,0 +1,95 @@
+"""Reading and checking the seq2seq example's text files: pairs (``data.path``, the built-in corpus) and sources
+(``data.predict_path``).
+
+The first bad line raises a ValueError naming the flag, the file, the line number, the problem and the expected format.
+"""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _lines(path: Path, flag: str) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` of a UTF-8 file, with the failing line named if it is not UTF-8."""
+    if not path.is_file():
+        raise ValueError(f"{flag}: no such file: {path}")
+    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # a BOM left by some Windows editors
+    if not raw.strip():
+        raise ValueError(f"{flag}: {path} is empty")
+    for number, line in enumerate(raw.removesuffix(b"\n").split(b"\n"), start=1):
+        try:
+            yield number, line.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{flag}: {path}:{number}: not valid UTF-8 ({error.reason}); save the file as UTF-8"
+            ) from None
+
+
+def _check_text(text: str, what: str) -> str | None:
+    if not text:
+        return f"empty {what}"
+    if "\t" in text or "\n" in text:
+        return f"the {what} contains a tab or line break, which a source<TAB>prediction line could not hold"
+    return None
+
+
+def read_pairs(path: str | Path, flag: str = "data.path") -> list[tuple[str, str]]:
+    """Parse ``source<TAB>target`` lines (``.tsv``, ``.txt``) or ``{"source": ..., "target": ...}`` lines (``.jsonl``).
+
+    The whole file is checked before anything uses it; the first bad line raises a ValueError naming
+    ``flag``, the file, the line number, the problem and the expected format.
+    """
+    path = Path(path)
+    if path.suffix not in (".tsv", ".txt", ".jsonl"):
+        raise ValueError(f"{flag}: {path}: unknown format; name the file .tsv (source<TAB>target) or .jsonl")
+    jsonl = path.suffix == ".jsonl"
+    expected = '{"source": "...", "target": "..."}' if jsonl else "source<TAB>target"
+    pairs = []
+    for number, line in _lines(path, flag):
+        if jsonl:
+            pair, problem = _parse_json_line(line)
+        else:
+            pair, problem = _parse_tsv_line(line)
+        problem = problem or _check_text(pair[0], "source") or _check_text(pair[1], "target")
+        if problem:
+            raise ValueError(f"{flag}: {path}:{number}: {problem}; each line must be {expected}")
+        pairs.append(pair)
+    return pairs
+
+
+def _parse_tsv_line(line: str) -> tuple[tuple[str, str], str | None]:
+    if not line:
+        return ("", ""), "empty line"
+    fields = line.split("\t")
+    if len(fields) != 2:
+        return ("", ""), "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs, expected one"
+    return (fields[0], fields[1]), None
+
+
+def _parse_json_line(line: str) -> tuple[tuple[str, str], str | None]:
+    try:
+        record = json.loads(line) if line else None
+    except json.JSONDecodeError as error:
+        return ("", ""), f"not valid JSON ({error.msg} at column {error.colno})"
+    if not isinstance(record, dict):
+        return ("", ""), "empty line" if not line else "not a JSON object"
+    unknown = sorted(set(record) - {"source", "target"})
+    if unknown:
+        return ("", ""), f"unknown field {unknown[0]!r}"
+    missing = [key for key in ("source", "target") if key not in record]
+    if missing:
+        return ("", ""), f"missing field {missing[0]!r}"
+    if not all(isinstance(record[key], str) for key in ("source", "target")):
+        return ("", ""), "source and target must be strings"
+    return (record["source"], record["target"]), None
+
+
+def read_sources(path: str | Path, flag: str = "data.predict_path") -> list[str]:
+    """One source per line, checked like :func:`read_pairs`."""
+    sources = []
+    for number, line in _lines(Path(path), flag):
+        problem = _check_text(line, "source")
+        if problem:
+            raise ValueError(f"{flag}: {path}:{number}: {problem}; give one source per line")
+        sources.append(line)
+    return sources

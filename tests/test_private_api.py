@@ -1,0 +1,84 @@
+"""Each private name of Lightning and jsonargparse that training/private_api.py uses still does its job.
+
+A failure here means an upgrade took one away: the message names the use and the versions.
+"""
+
+import ast
+import inspect
+from pathlib import Path
+
+import jsonargparse
+import lightning
+from lightning.pytorch import Trainer
+
+from tests.helpers import REPO
+from training.private_api import CHECKED_WITH, omegaconf_loader, stop_sigterm_broadcast
+
+
+def moved(library: str, installed: str, use: str) -> str:
+    checked = CHECKED_WITH[library]
+    return f"{library} {installed} (checked with {checked}): {use} no longer works; see training/private_api.py"
+
+
+def test_jsonargparse_still_has_its_omegaconf_loader():
+    load = omegaconf_loader()
+    loaded = load("a: ${b}\nb: 3\n")
+    assert loaded == {"a": 3, "b": 3}, moved(
+        "jsonargparse", jsonargparse.__version__, "_optionals.get_omegaconf_loader"
+    )
+
+
+def test_lightning_still_broadcasts_sigterm_after_every_batch_and_it_can_be_stopped():
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    epoch_loop = trainer.fit_loop.epoch_loop
+    # The broadcast runs only in a process group of several processes: read where the loop calls it.
+    advance = inspect.getsource(type(epoch_loop).advance)
+    use = "the per-batch call of epoch_loop._broadcast_sigterm_tensor()"
+    assert "self._broadcast_sigterm_tensor()" in advance, moved("lightning", lightning.__version__, use)
+    assert stop_sigterm_broadcast(trainer), moved("lightning", lightning.__version__, use)
+    assert "_broadcast_sigterm_tensor" in vars(epoch_loop), "the loop's own method would still run"
+
+
+def private_uses(path: Path) -> list[str]:
+    """Imports of a private module or name, and private attributes of anything but ``self``, in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+            if is_private_path(f"{node.module}.{'.'.join(names)}"):
+                found.append(f"line {node.lineno}: from {node.module} import {', '.join(names)}")
+        elif isinstance(node, ast.Import):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names if is_private_path(a.name)]
+        elif isinstance(node, ast.Attribute) and is_private(node.attr) and not is_self(node.value):
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def is_private_path(dotted: str) -> bool:
+    return any(map(is_private, dotted.split(".")))
+
+
+def is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def test_no_private_name_is_used_outside_private_api():
+    folders = ("models", "data", "training", "scripts", "benchmarks")
+    product = [REPO / "cli.py", *(path for folder in folders for path in (REPO / folder).rglob("*.py"))]
+    uses = {str(p.relative_to(REPO)): private_uses(p) for p in product if p.name != "private_api.py"}
+    assert not {path: found for path, found in uses.items() if found}, "import these from training/private_api.py"
+
+
+def test_the_check_finds_private_uses(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from a._b import c\nfrom d import _e\nimport f._g\nx = t._h\ny = self._i\nz = o.__dict__\n")
+    assert private_uses(sample) == [
+        "line 1: from a._b import c",
+        "line 2: from d import _e",
+        "line 3: import f._g",
+        "line 4: ._h",
+    ]

@@ -1,0 +1,38 @@
+"""The private names of Lightning and jsonargparse that the template relies on, all in this one module.
+
+A leading underscore means the library may rename or drop the name in any release. Each use says why no
+public API serves and the version it was checked against (CHECKED_WITH); tests/test_private_api.py fails,
+naming the use and both versions, when an upgrade takes one away. Everything else in the template imports
+from here, so an upgrade is checked in one place.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from jsonargparse._optionals import get_omegaconf_loader
+from lightning.pytorch import Trainer
+
+CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
+
+
+def omegaconf_loader() -> Callable[[str], Any]:
+    """jsonargparse's loader for ``parser_mode="omegaconf"``, unwrapped.
+
+    cli.py wraps it so a YAML or interpolation error names its file. jsonargparse registers this loader
+    lazily, on the first value it parses, so its public ``get_loader("omegaconf")`` has nothing to return
+    before then, and after cli.py's first run it would return cli.py's own wrapper.
+    """
+    return get_omegaconf_loader("omegaconf")
+
+
+def stop_sigterm_broadcast(trainer: Trainer) -> bool:
+    """Turn off the broadcast of Lightning's SIGTERM flag after every training batch; False where it moved.
+
+    training/preemption.py agrees on stopping once a second instead (its docstring says why); Lightning has
+    no setting for its own broadcast, which costs a short step on gloo a tenth of its time.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        return False
+    epoch_loop._broadcast_sigterm_tensor = lambda: None
+    return True
