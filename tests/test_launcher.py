@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import (
+    DDP_YAML,
+    SINGLE_PROCESS,
     assert_everything_stopped,
     check_ranks,
     copy_project,
@@ -52,6 +54,28 @@ def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
     node_log = (nodes[1] / "logs" / "nodes" / "node1.log").read_text()
     assert "[rank: 1] Seed set to 42" in node_log, "the second process of node 1 is missing from its log"
     assert node_log.startswith("==== ") and worker_output.endswith(node_log), "the terminal did not show the log"
+
+
+def test_nodes_that_load_different_checkpoints_stop_naming_each_one(tmp_path, two_hosts, run_cli):
+    # No shared storage: only node 0 holds the run's last.ckpt (made here by a short one-process run), so
+    # `ckpt_path: last` resumes node 0 and starts node 1 from scratch.
+    run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2")
+    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
+    checkpoints = Path("logs", "toy", "default", "checkpoints")
+    (nodes[0] / checkpoints).mkdir(parents=True)
+    (tmp_path / checkpoints / "last.ckpt").rename(nodes[0] / checkpoints / "last.ckpt")
+    saved = (nodes[0] / checkpoints / "last.ckpt").read_bytes()
+    settings = {"MASTER_ADDR": two_hosts[0]["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
+    worker = launch(nodes[1], "cpu:1", 1, *QUICK_RUN, netns=two_hosts[1]["netns"], **settings)
+    master = launch(nodes[0], "cpu:1", 0, *QUICK_RUN, netns=two_hosts[0]["netns"], **settings)
+    for node, process in enumerate((master, worker)):
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode != 0, output
+        assert "the job cannot start, its processes load different checkpoints: node 0 (" in output
+        assert f"{nodes[0] / checkpoints / 'last.ckpt'} ({len(saved)} bytes), node 1 (" in output
+        assert ") loads none. To fix: keep logs/ on storage every node shares" in output
+        assert "Traceback" not in output, f"node {node}"
+    assert (nodes[0] / checkpoints / "last.ckpt").read_bytes() == saved, "the run trained on and saved"
 
 
 def test_torchrun_launcher_runs_the_same_job(tmp_path):
