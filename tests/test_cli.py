@@ -4,6 +4,7 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.demos.boring_classes import BoringModel
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
@@ -180,3 +181,25 @@ def test_settings_the_trainer_rejects_together_are_named(run_cli, capsys):
     err = capsys.readouterr().err
     assert "`enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list. Change one of the two" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("run_id", ["../../elsewhere", "..", "a/b", "x" * 101, "with space"])
+def test_a_run_id_must_be_a_name(run_cli, capsys, monkeypatch, tmp_path, run_id):
+    monkeypatch.setenv("RUN_ID", run_id)
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.fast_dev_run=1")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"RUN_ID={run_id!r} is not a run name: use letters, digits, '-', '_' and '.'" in err
+    assert "Traceback" not in err and not (tmp_path / "../../elsewhere").resolve().exists()
+
+
+def test_a_run_id_names_the_run_directory(run_cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("RUN_ID", "lr-3e-4.b_2")
+    run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2")
+    run = tmp_path / "logs" / "toy" / "lr-3e-4.b_2"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert "val/loss" in events.Tags()["scalars"]
+    assert "hp_metric" not in events.Tags()["scalars"], "TensorBoard shows a placeholder hp_metric"

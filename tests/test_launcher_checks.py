@@ -30,6 +30,7 @@ PARSING = {
     ),
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
+    "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
     "unreachable master": (("cpu:1", "1"), {"NUM_NODES": "2", "MASTER_PORT": str(free_port()), "CONNECT_TIMEOUT": "3"}),
 }
 
@@ -103,6 +104,12 @@ def test_node_rank_must_be_below_num_nodes_from_the_environment_before_the_confi
 def test_config_error_stops_before_launch(parsed):
     err = failed(parsed, "config error")
     assert "trainer.max_epochz" in err and "Nothing was launched" in err
+
+
+def test_a_run_id_that_is_a_path_stops_before_launch(parsed, node):
+    err = failed(parsed, "run id that is a path")
+    assert "RUN_ID='../../elsewhere' is not a run name: use letters, digits" in err and "Nothing was launched" in err
+    assert not (node.parent.parent / "elsewhere").exists()
 
 
 def test_unreachable_master_fails_after_the_timeout(parsed):

@@ -1,5 +1,7 @@
 """How cli.py reads YAML: OmegaConf interpolation, a ``gpus_or`` resolver, and errors that name the file."""
 
+import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +19,21 @@ def gpus_or(cpu_processes: int) -> int | str:
     return "auto" if torch.cuda.is_available() else int(cpu_processes)
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def run_id(default: str) -> str:
+    """Value for the logger's ``version``: ``RUN_ID`` from the environment, else ``default``; a name, never a
+    path, so a run is written inside the log directory whatever RUN_ID holds."""
+    value = os.environ.get("RUN_ID", default)
+    if not RUN_NAME.fullmatch(value) or value in (".", ".."):
+        raise ValueError(
+            f"RUN_ID={value!r} is not a run name: use letters, digits, '-', '_' and '.' (not '.' or '..' alone), "
+            "at most 100 characters, e.g. RUN_ID=lr-3e-4."
+        )
+    return value
+
+
 def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
     """Wrap a config loader so YAML and interpolation errors say which file they come from."""
 
@@ -27,6 +44,9 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
         except yaml.YAMLError as error:
             raise yaml.YAMLError(f"{source} is not valid YAML: {error}") from error
         except OmegaConfBaseException as error:
+            rejected = resolver_error(error)
+            if rejected is not None:  # a resolver rejecting a value: its own message says what and how to fix it
+                raise yaml.YAMLError(f"{source}: {rejected}") from error
             raise yaml.YAMLError(
                 f"{source}: {error}\nEach config file is resolved on its own, so ${{...}} can only refer to keys of "
                 "the same file, and ${oc.env:VAR} needs VAR set or a default, as in ${oc.env:VAR,default}."
@@ -35,7 +55,17 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
     return load_config
 
 
+def resolver_error(error: BaseException) -> ValueError | None:
+    """The ValueError a resolver raised, which OmegaConf wraps in its own errors, if that is what ``error`` is."""
+    cause: BaseException | None = error
+    while cause is not None and (isinstance(cause, OmegaConfBaseException) or not isinstance(cause, ValueError)):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
 def use_omegaconf_loader() -> None:
-    """Make ``parser_mode="omegaconf"`` load with ``naming_the_file`` and know ``${gpus_or:N}``."""
+    """Make ``parser_mode="omegaconf"`` load with ``naming_the_file`` and know ``${gpus_or:N}`` and
+    ``${run_id:default}``."""
     OmegaConf.register_resolver("gpus_or", gpus_or, replace=True)
+    OmegaConf.register_resolver("run_id", run_id, replace=True)
     set_loader("omegaconf", naming_the_file(omegaconf_loader()), (yaml.YAMLError,))
