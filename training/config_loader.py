@@ -1,4 +1,4 @@
-"""How cli.py reads YAML: OmegaConf interpolation, a ``gpus_or`` resolver, and errors that name the file."""
+"""How cli.py reads YAML: OmegaConf interpolation, ``gpus_or`` and ``run_id`` resolvers, errors naming the file."""
 
 import os
 import re
