@@ -46,8 +46,10 @@ class ResumeReport(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.resumed_step == trainer.global_step:
+            # Without a ModelCheckpoint, the run is where its checkpoint came from.
+            run = (checkpoint_dir(trainer) or Path(trainer.ckpt_path)).parent
             rank_zero_info(
-                f"Nothing to train: the run in {checkpoint_dir(trainer).parent} already reached its end (epoch "
+                f"Nothing to train: the run in {run} already reached its end (epoch "
                 f"{trainer.current_epoch}, step {trainer.global_step}; trainer.max_epochs={trainer.max_epochs}, "
                 f"trainer.max_steps={trainer.max_steps}). Raise those to train longer, or set RUN_ID to start a new "
                 "run."
