@@ -70,15 +70,21 @@ class DDPStrategy(LightningDDPStrategy):
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         # Reported in setup() by every process at once: a process that raised here alone would leave the
         # others waiting for it in a collective.
-        self.checkpoint_problem = model_mismatch(self.lightning_module.state_dict(), checkpoint["state_dict"])
-        if not (strict and self.checkpoint_problem):
+        # strict is the module's strict_loading: without it a partial checkpoint is what the user asked for.
+        self.checkpoint_problem = (
+            model_mismatch(self.lightning_module.state_dict(), checkpoint["state_dict"]) if strict else ""
+        )
+        if not self.checkpoint_problem:
             super().load_model_state_dict(checkpoint, strict)
 
     def setup(self, trainer: Trainer) -> None:
         # Each process resolved ckpt_path (``last`` included) on its own filesystem: all must have loaded one
         # and the same checkpoint, which also fits the model, before DDP copies rank 0's weights to the rest.
-        problem = self.checkpoint_problem if trainer.lightning_module.strict_loading else ""
-        mine = (f"node {self.node_rank} ({socket.gethostname()})", checkpoint_fact(trainer.ckpt_path), problem)
+        mine = (
+            f"node {self.node_rank} ({socket.gethostname()})",
+            checkpoint_fact(trainer.ckpt_path),
+            self.checkpoint_problem,
+        )
         everyone = [mine]
         if self.world_size > 1:
             everyone = [None] * self.world_size
