@@ -21,6 +21,7 @@ Any other module plugs in without editing this file:
 import os
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
@@ -31,6 +32,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training import DDPStrategy, StartupError
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
+from training.resume import counters, past_end
+from training.run_record import RunRecord
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -47,19 +50,29 @@ class CLI(LightningCLI):
         for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads a --ckpt_path file's hyperparameters next: a wrong path or file would end there in a
+        # traceback from every rank. A sharded checkpoint (configs/fsdp.yaml) is a directory.
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path in (None, "last", "best", "hpc") or path.startswith("registry"):
+            return
+        if not get_filesystem(path).exists(path):
+            parser.error(
+                f"--ckpt_path {path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
+                "the directory of a sharded checkpoint."
+            )
+        if Path(path).is_file():
+            try:
+                counters(path)
+            except ValueError as error:
+                parser.error(str(error))
+
     def before_instantiate_classes(self) -> None:
         # validate/test/predict log into the run too; their configs must not overwrite the training one.
         name = "config.yaml" if self.subcommand == "fit" else f"{self.subcommand}-config.yaml"
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
-        # A mistyped path would end in a FileNotFoundError traceback from every rank. A sharded checkpoint
-        # (configs/fsdp.yaml) is a directory.
-        path = self.config[self.subcommand].get("ckpt_path") or "last"
-        special = path in ("last", "best", "hpc") or path.startswith("registry")
-        if not special and not get_filesystem(path).exists(path):
-            self.parser.error(
-                f"--ckpt_path {path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
-                "the directory of a sharded checkpoint."
-            )
 
     def instantiate_classes(self) -> None:
         try:
@@ -77,6 +90,12 @@ class CLI(LightningCLI):
             trainer.strategy.startup_facts["config"] = config_items(self.config[self.subcommand].as_dict())
         return trainer
 
+    def before_fit(self) -> None:
+        # Runs in the launching process: a run past its end stops here, before any other process starts.
+        problem = past_end(self.trainer, self.config.fit.ckpt_path, self.config.fit.weights_only)
+        if problem:
+            self.parser.error(problem)
+
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     """Parse ``args`` (default: the command line) and run its subcommand with ``cli``."""
@@ -87,6 +106,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             subclass_mode_data=True,
             auto_configure_optimizers=False,
             parser_kwargs={"parser_mode": "omegaconf"},
+            save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
             args=args,
         )

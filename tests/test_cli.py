@@ -75,14 +75,6 @@ def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
             assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
 
 
-def test_rerun_in_the_same_directory_overwrites_the_saved_config(run_cli, tmp_path):
-    args = ["fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_train_batches=2", "--trainer.logger=false"]
-    run_cli(*args, "--trainer.max_epochs=1")
-    run_cli(*args, "--trainer.max_epochs=2")
-    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert saved["trainer"]["max_epochs"] == 2
-
-
 def test_every_config_parses_through_the_cli(run_cli, capsys):
     configs = sorted((REPO / "configs").glob("*.yaml"))
     assert configs, "no configs found"

@@ -1,11 +1,13 @@
-"""What a resumed run checks and says: the checkpoint must fit the model, and the code digest nodes compare."""
+"""What a resumed run checks and says: the checkpoint must fit the model and lie within the configured end, the
+run's config record describes the training that wrote last.ckpt, and the code digest nodes compare."""
 
 import importlib
 
 import pytest
 import torch.distributed as dist
+import yaml
 
-from tests.helpers import DDP_YAML
+from tests.helpers import DDP_YAML, SINGLE_PROCESS
 from training.fingerprint import code_digest, imported_code
 
 
@@ -39,6 +41,47 @@ def test_a_checkpoint_of_another_model_stops_the_run_naming_the_difference(
     assert "start a new run with RUN_ID=<new id>" in err
     assert "Traceback" not in err
     assert (tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").read_bytes() == saved
+
+
+def fails(run_cli, capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(*args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_run_past_its_end_stops_before_training_and_its_record_stays(run_cli, capsys, caplog, tmp_path):
+    fit = ["fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_train_batches=4"]
+    run_cli(*fit, "--trainer.max_epochs=2")
+    run = tmp_path / "logs" / "toy" / "default"
+    last = run / "checkpoints" / "last.ckpt"
+    files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    capsys.readouterr()
+
+    err = fails(run_cli, capsys, *fit, "--trainer.max_epochs=1")
+    assert (
+        f"the run in {run} is past the end this config sets: its checkpoint {last} was saved at epoch 1, step 8" in err
+    )
+    assert "beyond trainer.max_epochs=1. To continue this run, raise that limit" in err and "RUN_ID" in err
+    err = fails(run_cli, capsys, *fit, "--trainer.max_epochs=-1", "--trainer.max_steps=5")
+    assert "step 8 (2 epochs begun), beyond trainer.max_steps=5" in err
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    err = fails(run_cli, capsys, *fit, "--ckpt_path=notes.txt")
+    assert f"the checkpoint {tmp_path / 'notes.txt'} cannot be read as a Lightning checkpoint" in err
+
+    # Exactly at its end: harmless, so a scheduler may requeue a finished run.
+    run_cli(*fit, "--trainer.max_epochs=2", "--seed_everything=7")
+    assert f"Nothing to train: the run in {run.relative_to(tmp_path)} already reached its end" in caplog.text
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file() and "events" not in path.name} == {
+        path: data for path, data in files.items() if "events" not in path.name
+    }, "an attempt that did not train changed the run's record"
+
+    run_cli(*fit, "--trainer.max_epochs=3")
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_epochs"] == 3
+    (earlier,) = run.glob("config-*.yaml")
+    assert earlier.read_bytes() == files[run / "config.yaml"], "the config of the first two epochs was not kept"
 
 
 def test_the_code_digest_covers_the_user_modules_a_run_imported(tmp_path, monkeypatch):

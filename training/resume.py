@@ -4,9 +4,12 @@ The resume itself is Lightning's: ``ckpt_path: last`` in configs/ddp.yaml loads 
 the run's checkpoint directory, and a run without one starts from scratch.
 """
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -32,6 +35,57 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
         return Path(callback.last_model_path)
     return checkpoint_dir(trainer) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+
+
+def last_checkpoint(trainer: Trainer) -> Path | None:
+    """The checkpoint ``ckpt_path: last`` loads: the newest ``last.ckpt`` (or ``last-N.ckpt``) of the run, if any."""
+    directory = checkpoint_dir(trainer)
+    if directory is None or not directory.is_dir():
+        return None
+    found = [path for path in directory.iterdir() if re.fullmatch(r"last(-\d+)?\.ckpt", path.name)]
+    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+
+
+def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
+    """(epochs begun, optimizer steps done) of the checkpoint file ``path``; ValueError when it is no checkpoint."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+        return checkpoint["epoch"] + 1, checkpoint["global_step"]
+    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"the checkpoint {Path(path).resolve()} cannot be read as a Lightning checkpoint ({reason}). Give "
+            "--ckpt_path a checkpoint this template wrote, or move the damaged file away to start the run afresh."
+        ) from None
+
+
+def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None) -> str | None:
+    """What is wrong with resuming from ``ckpt_path`` under ``trainer``'s limits, or None when nothing is.
+
+    Lightning finds a checkpoint past ``max_epochs`` only once every process has started, and says so in a
+    traceback from each; this reads the checkpoint's two counters in the launching process instead.
+    """
+    path = last_checkpoint(trainer) if ckpt_path == "last" else ckpt_path
+    if path is None or ckpt_path in ("best", "hpc") or "://" in str(path) or Path(path).is_dir():
+        return None  # nothing to resume, or a checkpoint Lightning resolves or reads itself (sharded, remote)
+    try:
+        epochs, steps = counters(path, weights_only is not False)
+    except ValueError as error:
+        return str(error)
+    over = []
+    if trainer.max_epochs not in (None, -1) and epochs > trainer.max_epochs:
+        over.append(f"trainer.max_epochs={trainer.max_epochs}")
+    if trainer.max_steps != -1 and steps > trainer.max_steps:
+        over.append(f"trainer.max_steps={trainer.max_steps}")
+    if not over:
+        return None
+    run = (checkpoint_dir(trainer) or Path(path).parent).resolve().parent
+    return (
+        f"the run in {run} is past the end this config sets: its checkpoint {Path(path).resolve()} was saved "
+        f"at epoch {epochs - 1}, step {steps} ({epochs} epochs begun), beyond {' and '.join(over)}. To continue "
+        "this run, raise that limit; to train with these settings from the start, set RUN_ID to a new run name. "
+        "Nothing was started."
+    )
 
 
 class ResumeReport(Callback):

@@ -1,0 +1,59 @@
+"""The run's ``config.yaml``: written by the attempt that trains, never by one that fails before it does."""
+
+from datetime import datetime
+from typing import Any
+
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
+
+
+class RunRecord(SaveConfigCallback):
+    """Saves the config of ``fit`` when the run first saves a checkpoint (or ends training without one).
+
+    So ``config.yaml`` always describes the training that wrote the run's ``last.ckpt``: an attempt that stops
+    before it trains (a wrong setting, a run already past its end) leaves the record as it was. When the
+    config changed since the record was written, the earlier one is kept as ``config-<time it was written>.yaml``.
+    validate/test/predict save their own ``<subcommand>-config.yaml`` at start, as Lightning does.
+    """
+
+    log_dir: str | None = None
+    started_at: int = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage != "fit":
+            super().setup(trainer, pl_module, stage)
+        elif not self.already_saved:
+            self.log_dir = trainer.log_dir  # a broadcast: read here, where every rank takes part
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.started_at = trainer.global_step
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self.write(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_step > self.started_at:
+            self.write(trainer)
+
+    def write(self, trainer: Trainer) -> None:
+        if self.already_saved or self.log_dir is None:
+            return
+        self.already_saved = True
+        if not trainer.is_global_zero:
+            return
+        fs = get_filesystem(self.log_dir)
+        path = f"{self.log_dir.rstrip('/')}/{self.config_filename}"
+        text = self.parser.dump(self.config, skip_none=False)
+        if fs.isfile(path):
+            with fs.open(path) as file:
+                earlier = file.read().decode()
+            if earlier == text:
+                return
+            written = datetime.fromtimestamp(fs.modified(path).timestamp()).strftime("%Y%m%d-%H%M%S")
+            fs.mv(path, path.removesuffix(".yaml") + f"-{written}.yaml")
+        fs.makedirs(self.log_dir, exist_ok=True)
+        with fs.open(f"{path}.partial", "w") as file:
+            file.write(text)
+        fs.mv(f"{path}.partial", path)
+        self.save_config(trainer, trainer.lightning_module, "fit")
