@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training import DDPStrategy, StartupError
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
+from training.parser import Parser, optimizer_problem
 from training.resume import counters, past_end
 from training.run_record import RunRecord
 
@@ -73,6 +74,8 @@ class CLI(LightningCLI):
         # validate/test/predict log into the run too; their configs must not overwrite the training one.
         name = "config.yaml" if self.subcommand == "fit" else f"{self.subcommand}-config.yaml"
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
+        if problem := optimizer_problem(self.config[self.subcommand].as_dict()):
+            self.parser.error(problem)
 
     def instantiate_classes(self) -> None:
         try:
@@ -105,14 +108,15 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             subclass_mode_model=True,
             subclass_mode_data=True,
             auto_configure_optimizers=False,
+            parser_class=Parser,
             parser_kwargs={"parser_mode": "omegaconf"},
             save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
             args=args,
         )
-    except StartupError as error:
+    except (StartupError, MisconfigurationException) as error:  # a job that cannot start; Lightning refusing a setting
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
-            print(f"error: {error}", file=sys.stderr)
+            print(f"\nerror: {error}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 
 

@@ -109,6 +109,66 @@ def test_unknown_model_argument_is_named(run_cli, capsys, tmp_path):
     assert "hidden_featurez" in err and "is not accepted" in err
 
 
+def one_paragraph(err: str) -> str:
+    """The error at the end of ``err``, checked to be one paragraph under at most the usage and tip lines."""
+    assert "Traceback" not in err and "NestedArg" not in err and "Subtypes" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) <= 3 and lines[-1].startswith("error: "), err
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    "argument, accepted",
+    [
+        ("--model.init_args.hidden=3", "models.ToyModel accepts: in_features, hidden_features, out_features"),
+        ("--data.init_args.batch=3", "data.RandomDataModule accepts: num_features, num_targets"),
+        ("--model.init_args.optimizer.init_args.lrr=1", "torch.optim.AdamW accepts: params, lr, betas"),
+    ],
+)
+def test_an_unknown_argument_names_the_class_and_what_it_accepts(run_cli, capsys, argument, accepted):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, argument))
+    wrong = argument.split("=")[0].rsplit(".", 1)[-1]
+    assert f"Option '{wrong}' is not accepted. {accepted}" in err
+    closest = {"hidden": "hidden_features", "batch": "batch_size", "lrr": "lr"}[wrong]
+    assert err.endswith(f"(closest to '{wrong}': {closest}).")
+
+
+@pytest.mark.parametrize(
+    "class_path, reason", [("models.NoSuch", "module 'models' has no attribute 'NoSuch'"), ("nopkg.M", "No module")]
+)
+def test_an_unknown_class_names_the_module_and_the_class(run_cli, capsys, class_path, reason):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--model", class_path))
+    assert f"""error: Parser key "model": Problem with given class_path '{class_path}': {reason}""" in err
+
+
+def test_an_optimizer_value_torch_rejects_stops_before_anything_starts(run_cli, capsys, tmp_path):
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--model.init_args.optimizer.init_args.lr=-1")
+    assert one_paragraph(err) == (
+        "error: model.optimizer (torch.optim.AdamW): Invalid learning rate: -1.0. Fix the value in the config or "
+        "on the command line."
+    )
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys, tmp_path):
+    monitor = tmp_path / "monitor.yaml"
+    monitor.write_text(
+        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args:\n        monitor: val/los\n"
+    )
+    args = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, "-c", str(monitor), *SINGLE_PROCESS, *args)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "error: `ModelCheckpoint(monitor='val/los')` could not find the monitored key in the returned metrics: "
+        "['train/loss', 'val/loss', 'epoch', 'step']. HINT: Did you call `log('val/los', value)` in the "
+        "`LightningModule`?"
+    )
+
+
 def test_wrong_type_is_named(run_cli, capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  max_epochs: three\n")

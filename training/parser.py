@@ -1,0 +1,95 @@
+"""The CLI's parser: a config mistake ends in one paragraph that names the setting and what it accepts.
+
+jsonargparse reports a bad value under a class_path (``model``, ``data``, a callback) as a union report: every
+type it tried, the Python type of the value, then the value, with the full usage of the subcommand above it,
+some 50 lines. The report is text only, so this keeps its lines that say what is wrong (checked against the
+jsonargparse of training/private_api.py CHECKED_WITH by tests/test_cli.py), and names the arguments the class
+accepts when one of them was misspelt.
+"""
+
+import difflib
+import importlib
+import inspect
+import re
+from typing import Any, NoReturn
+
+import torch
+from lightning.pytorch.cli import LightningArgumentParser
+
+NOISE = re.compile(
+    r"Does not validate against any of the (Union subtypes|types in .*)|Subtypes: .*|Errors:|Given value type: .*|"
+    r"Given value: (NestedArg|Namespace|\{).*|Expected a path but .* either not accessible or invalid|"
+    r"Expected a <class 'NoneType'>|"
+)
+EXPECTED = re.compile(r"Expected a <class '[\w.]+'>")  # beside a class_path's problem: the types it is not
+CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
+UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+
+
+def accepted(class_path: str) -> list[str]:
+    """The keyword arguments the class at ``class_path`` takes, or none when it cannot be imported."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        signature = inspect.signature(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [parameter.name for parameter in signature.parameters.values() if parameter.kind in kinds]
+
+
+def concise(message: str) -> str:
+    """jsonargparse's ``message`` as one paragraph: what is wrong, and for a misspelt argument, what is right."""
+    lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
+    classes = any(line.startswith("Problem with given class_path") for line in lines)
+    kept = [line for line in lines if not (NOISE.fullmatch(line) or (classes and EXPECTED.fullmatch(line)))]
+    paragraph = " ".join(line.split(" Got value: ")[0] for line in kept)
+    owner, hints = None, {}
+    for line in lines:  # a misspelt argument belongs to the class_path named last before it, or on its line
+        owner = (CLASS_PATH.findall(line) or [owner])[-1]
+        unknown = UNKNOWN.search(line)
+        # A nested parser's report comes back inside its parent's, with its hint already on the line.
+        if unknown and " accepts: " not in line and owner and (names := accepted(owner)):
+            closest = difflib.get_close_matches(unknown[1], names, n=1, cutoff=0.5)
+            hint = f" (closest to '{unknown[1]}': {closest[0]})" if closest else ""
+            hints[owner] = f"{owner} accepts: {', '.join(names)}{hint}."
+    if hints:
+        paragraph = paragraph.rstrip(".") + ". " + " ".join(hints.values())
+    return paragraph
+
+
+class Parser(LightningArgumentParser):
+    """LightningCLI's parser, with its errors as one paragraph under the tip on where to read every option."""
+
+    def print_usage(self, file: Any = None) -> None:
+        if self.format_usage().count("\n") <= 2:  # a subcommand's usage lists every option: its --help does
+            super().print_usage(file)
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        super().error(concise(message), ex)
+
+
+def optimizer_problem(config: dict, key: str = "") -> str | None:
+    """What an optimizer in ``config`` rejects in its arguments, or None.
+
+    torch checks an optimizer's values (a negative learning rate, betas out of range) only when the model
+    builds it, in every process after they all started; building each one here on one dummy parameter
+    finds the same mistake before anything starts.
+    """
+    for name, value in config.items():
+        if not isinstance(value, dict):
+            continue
+        where = f"{key}.{name}".removeprefix(".").replace(".init_args", "")
+        class_path = value.get("class_path")
+        module, _, attribute = str(class_path).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attribute) if module else None
+        except (ImportError, AttributeError):
+            cls = None
+        if isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer):
+            try:
+                cls([torch.nn.Parameter(torch.zeros(1))], **(value.get("init_args") or {}))
+            except (ValueError, TypeError) as error:
+                return f"{where} ({class_path}): {error}. Fix the value in the config or on the command line."
+        elif problem := optimizer_problem(value, f"{key}.{name}"):
+            return problem
+    return None
