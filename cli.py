@@ -39,7 +39,8 @@ from training.run_record import RunRecord
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 # Expected with `ckpt_path: last` (configs/ddp.yaml): a new run has no last.ckpt, a resumed one writes into its own.
-warnings.filterwarnings("ignore", message=r'\.fit\(ckpt_path="last"\) is set, but there is no last checkpoint')
+# training.ResumeReport says which weights a run uses instead.
+warnings.filterwarnings("ignore", message=r'\.\w+\(ckpt_path="last"\) is set, but there is no last checkpoint')
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 

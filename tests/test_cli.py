@@ -68,11 +68,22 @@ def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
         for name, value in result.model.state_dict().items():
             assert torch.equal(value, trained[name]), (subcommand, name)
         if subcommand == "predict":
-            predictions = result.trainer.predict_loop.predictions
-            assert torch.cat(predictions).shape == (1024, 8)
+            predictions = torch.cat(result.trainer.predict_loop.predictions)
+            assert predictions.shape == (1024, 8)
+            assert torch.equal(torch.load(last.parent.parent / "predictions.pt"), predictions)
         else:
             stage = "val" if subcommand == "validate" else "test"
             assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
+
+
+def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
+    run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
+    run = tmp_path / "logs" / "toy" / "default"
+    assert (
+        f"Predicting with untrained weights: no --ckpt_path was given and {run / 'checkpoints'} holds no last.ckpt"
+        in (caplog.text)
+    )
+    assert torch.load(run / "predictions.pt").shape == (1024, 8)
 
 
 def test_every_config_parses_through_the_cli(run_cli, capsys):

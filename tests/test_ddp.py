@@ -2,13 +2,15 @@
 
 import os
 import re
+import shutil
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from data import RandomDataModule
-from tests.helpers import DDP_YAML, run_job
+from models import ToyModel
+from tests.helpers import DDP_YAML, REPO, run_job, run_script
 
 pytestmark = pytest.mark.distributed
 
@@ -92,3 +94,24 @@ def test_outputs_were_written_once_by_rank_zero(ddp_run):
     for pattern in expected:
         matches = [p for p in run_files if re.fullmatch(rf"logs/toy/default/{pattern}", p)]
         assert len(matches) == 1, (pattern, run_files)
+
+
+def test_predict_writes_every_prediction_once_in_input_order(ddp_run, tmp_path):
+    workdir, _, _ = ddp_run
+    shutil.copytree(workdir / "logs", tmp_path / "logs")
+    run = tmp_path / "logs" / "toy" / "default"
+    # 1001 inputs: the distributed sampler pads the second process's share with a repeated one.
+    arguments = ["predict", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--data.init_args.num_test=1001"]
+    result = run_script([str(REPO / "cli.py"), *arguments], cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"Predicting with the weights of {run / 'checkpoints' / 'last.ckpt'} (epoch 2, step 192)." in output
+    assert output.count("Wrote 1001 predictions to logs/toy/default/predictions.pt") == 1
+
+    data = RandomDataModule(num_test=1001)
+    data.setup("predict")
+    model = ToyModel(data.num_features, out_features=data.num_targets).eval()
+    model.load_state_dict(torch.load(run / "checkpoints" / "last.ckpt")["state_dict"])
+    with torch.no_grad():
+        expected = model(data.splits["test"].tensors[0])
+    torch.testing.assert_close(torch.load(run / "predictions.pt"), expected)

@@ -1,5 +1,5 @@
 from training.checkpoint_io import AtomicCheckpointIO
-from training.prediction_writer import Seq2SeqPredictionWriter
+from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
 from training.profiler import ScheduledProfiler
 from training.resume import ResumeReport
@@ -11,6 +11,7 @@ from training.unused_parameters import UnusedParameterCheck
 __all__ = [
     "AtomicCheckpointIO",
     "DDPStrategy",
+    "PredictionWriter",
     "PreemptionCheckpoint",
     "RNGStateCheckpoint",
     "ResumeReport",

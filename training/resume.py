@@ -89,14 +89,39 @@ def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None)
 
 
 class ResumeReport(Callback):
-    """Says where a resumed run continues, and that there is nothing to train when it had already ended."""
+    """Says where a resumed run continues, that there is nothing to train when it had already ended, and which
+    weights validate, test and predict use: a checkpoint's, or the untrained ones when there is none."""
 
     def __init__(self) -> None:
         self.resumed_step: int | None = None
+        self.loaded: str | None = None
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.resumed_step = checkpoint["global_step"]
-        rank_zero_info(f"Resuming from {trainer.ckpt_path} (epoch {checkpoint['epoch']}, step {self.resumed_step}).")
+        self.loaded = f"{trainer.ckpt_path} (epoch {checkpoint['epoch']}, step {self.resumed_step})"
+        if trainer.state.fn == "fit":
+            rank_zero_info(f"Resuming from {self.loaded}.")
+
+    def report_weights(self, trainer: Trainer, doing: str) -> None:
+        if trainer.state.fn == "fit":
+            return
+        if self.loaded:
+            rank_zero_info(f"{doing} with the weights of {self.loaded}.")
+        else:
+            where = checkpoint_dir(trainer) or Path(trainer.default_root_dir)
+            rank_zero_info(
+                f"{doing} with untrained weights: no --ckpt_path was given and {where.resolve()} holds no last.ckpt."
+            )
+        self.loaded = None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.report_weights(trainer, "Validating")
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.report_weights(trainer, "Testing")
+
+    def on_predict_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.report_weights(trainer, "Predicting")
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.resumed_step == trainer.global_step:
