@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -77,6 +78,13 @@ class CLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         if problem := optimizer_problem(self.config[self.subcommand].as_dict()):
             self.parser.error(problem)
+        config = self.config[self.subcommand]
+        logger = config.trainer.logger
+        if isinstance(logger, Namespace) and "name" in logger.get("init_args", {}) and logger.init_args.name is None:
+            # A logger without a name (configs/ddp.yaml) logs under the model's: the runs of a model given with
+            # --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
+            model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
+            logger.init_args.name = model.removesuffix("Model").lower() or model.lower()
 
     def instantiate_classes(self) -> None:
         try:
@@ -86,7 +94,7 @@ class CLI(LightningCLI):
             # each type it tried (the class, then None).
             self.parser.error(str(error.__cause__ if isinstance(error.__cause__, ValueError) else error))
         except MisconfigurationException as error:  # Lightning's Trainer rejecting a combination of settings
-            self.parser.error(f"{error} Change one of the two in the config files or on the command line.")
+            self.parser.error(f"{error} Fix the trainer settings in the config files or on the command line.")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

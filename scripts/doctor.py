@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 import yaml
 from torch.distributed import PrefixStore, TCPStore
 
-from scripts import comm_bench
+from scripts import comm_bench, gpu_check
 from training.fingerprint import code_digest, config_items, items_digest
 from training.startup import Member, StartupError, describe, handshake
 
@@ -39,24 +39,13 @@ def check_node(args: argparse.Namespace) -> bool:
     say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
     healthy = True
     if args.accelerator == "gpu":
-        if not torch.cuda.is_available():
-            say(
-                "FAIL",
-                "GPUs requested, but torch sees no CUDA device: check the driver (nvidia-smi) and that torch "
-                "is a CUDA build (python -c 'import torch; print(torch.version.cuda)').",
-            )
+        if why := gpu_check.problem(args.nproc):
+            say("FAIL", why)
             return False
         visible = torch.cuda.device_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(visible))
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
         say("ok", f"CUDA {torch.version.cuda}, NCCL {nccl}; {visible} visible GPU(s): {names}")
-        if visible != args.nproc:
-            say(
-                "FAIL",
-                f"the GPU list names {args.nproc} GPU(s) but this node sees {visible} with "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}: use ids nvidia-smi lists.",
-            )
-            healthy = False
     else:
         say("ok", f"{args.nproc} CPU process(es) on gloo")
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None

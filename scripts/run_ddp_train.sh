@@ -124,6 +124,9 @@ if [[ -n ${DRY_RUN:-} && $DRY_RUN != 0 ]]; then
     exit 0
 fi
 
+if [[ $accelerator == gpu ]]; then
+    "$PYTHON" -m scripts.gpu_check "$procs_per_node" || exit 2 # under this node's CUDA_VISIBLE_DEVICES
+fi
 ((NODE_RANK == 0)) || wait_for_master
 
 mkdir -p "$LOG_DIR"

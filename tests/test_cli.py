@@ -86,6 +86,29 @@ def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, t
     assert torch.load(run / "predictions.pt").shape == (1024, 8)
 
 
+def test_the_progress_bar_shows_the_run_id_whole(run_cli, monkeypatch):
+    monkeypatch.setenv("RUN_ID", "lr-3e-4")
+    result = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_steps=1", "--trainer.limit_val_batches=0")
+    metrics = result.trainer.progress_bar_callback.get_metrics(result.trainer, result.model)
+    assert metrics["run"] == "lr-3e-4" and "v_num" not in metrics
+
+
+def test_another_model_logs_under_its_own_name(run_cli, tmp_path):
+    boring = "lightning.pytorch.demos.boring_classes"
+    run_cli(
+        "test",
+        "-c",
+        DDP_YAML,
+        *SINGLE_PROCESS,
+        "--model",
+        f"{boring}.BoringModel",
+        "--data",
+        f"{boring}.BoringDataModule",
+    )
+    assert [path.name for path in (tmp_path / "logs").iterdir()] == ["boring"]
+    assert (tmp_path / "logs" / "boring" / "default" / "test-config.yaml").is_file()
+
+
 def test_every_config_parses_through_the_cli(run_cli, capsys):
     configs = sorted((REPO / "configs").glob("*.yaml"))
     assert configs, "no configs found"
@@ -242,7 +265,7 @@ def test_settings_the_trainer_rejects_together_are_named(run_cli, capsys):
         run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.enable_progress_bar=false")
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "`enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list. Change one of the two" in err
+    assert "`enable_progress_bar=False` but found `ProgressBar` in callbacks list. Fix the trainer settings" in err
     assert "Traceback" not in err
 
 

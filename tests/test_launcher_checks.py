@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import copy_project, free_port, launch, launcher_env
 
@@ -31,6 +32,7 @@ PARSING = {
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
     "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
+    "GPUs this node lacks": (("0,1", "0"), {}),
     "unreachable master": (("cpu:1", "1"), {"NUM_NODES": "2", "MASTER_PORT": str(free_port()), "CONNECT_TIMEOUT": "3"}),
 }
 
@@ -110,6 +112,18 @@ def test_a_run_id_that_is_a_path_stops_before_launch(parsed, node):
     err = failed(parsed, "run id that is a path")
     assert "RUN_ID='../../elsewhere' is not a run name: use letters, digits" in err and "Nothing was launched" in err
     assert not (node.parent.parent / "elsewhere").exists()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this node has the GPUs the case asks for")
+def test_gpu_ids_the_node_lacks_stop_before_launch_naming_what_it_has(parsed):
+    err = failed(parsed, "GPUs this node lacks")
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert line.startswith(
+        f"error: the GPU list names 2 GPU(s) (CUDA_VISIBLE_DEVICES=0,1), but torch sees {torch.cuda.device_count()} "
+        f"on this node: torch {torch.__version__} has "
+    )
+    assert "Train on CPU with cpu:N, install a CUDA build of torch" in line and line.endswith("Nothing was launched.")
+    assert "Traceback" not in err
 
 
 def test_unreachable_master_fails_after_the_timeout(parsed):

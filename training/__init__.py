@@ -2,6 +2,7 @@ from training.checkpoint_io import AtomicCheckpointIO
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
 from training.profiler import ScheduledProfiler
+from training.progress_bar import ProgressBar
 from training.resume import ResumeReport
 from training.rng import RNGStateCheckpoint
 from training.startup import StartupError
@@ -13,6 +14,7 @@ __all__ = [
     "DDPStrategy",
     "PredictionWriter",
     "PreemptionCheckpoint",
+    "ProgressBar",
     "RNGStateCheckpoint",
     "ResumeReport",
     "ScheduledProfiler",
