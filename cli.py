@@ -19,6 +19,7 @@ Any other module plugs in without editing this file:
 """
 
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -84,7 +85,7 @@ class CLI(LightningCLI):
             # A logger without a name (configs/ddp.yaml) logs under the model's: the runs of a model given with
             # --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
             model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
-            logger.init_args.name = model.removesuffix("Model").lower() or model.lower()
+            logger.init_args.name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
 
     def instantiate_classes(self) -> None:
         try:

@@ -49,7 +49,7 @@ def test_find_unused_config_trains_to_the_end(tmp_path):
     assert any(name.startswith("aux_head.") for name in first)
     for name in first:
         assert torch.equal(first[name], second[name]), name
-    assert (tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").is_file()
+    assert (tmp_path / "logs" / "aux_head" / "default" / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize("aux_weight", [0.0, 0.5])

@@ -1,4 +1,5 @@
 from training.checkpoint_io import AtomicCheckpointIO
+from training.monitor_check import MonitorCheck
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
 from training.profiler import ScheduledProfiler
@@ -12,6 +13,7 @@ from training.unused_parameters import UnusedParameterCheck
 __all__ = [
     "AtomicCheckpointIO",
     "DDPStrategy",
+    "MonitorCheck",
     "PredictionWriter",
     "PreemptionCheckpoint",
     "ProgressBar",
