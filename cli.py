@@ -67,6 +67,11 @@ class CLI(LightningCLI):
                 f"--ckpt_path {path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
                 "the directory of a sharded checkpoint."
             )
+        if Path(path).is_dir() and not (Path(path) / ".metadata").is_file():
+            parser.error(
+                f"--ckpt_path {path} is a directory, but not a sharded checkpoint (it has no .metadata file). Give "
+                "the path of a .ckpt file in it, such as checkpoints/last.ckpt."
+            )
         if Path(path).is_file():
             try:
                 counters(path)

@@ -254,6 +254,15 @@ def test_missing_checkpoint_is_named(run_cli, capsys):
     assert "--ckpt_path nowhere/last.ckpt: no such checkpoint file" in err
 
 
+def test_a_checkpoint_directory_that_is_not_sharded_is_named(run_cli, capsys, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    err = expect_usage_error(run_cli, capsys, "test", "-c", DDP_YAML, "--ckpt_path", "checkpoints")
+    assert one_paragraph(err) == (
+        "error: --ckpt_path checkpoints is a directory, but not a sharded checkpoint (it has no .metadata file). "
+        "Give the path of a .ckpt file in it, such as checkpoints/last.ckpt."
+    )
+
+
 def test_impossible_batch_size_names_the_flag(run_cli, capsys):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--data.init_args.batch_size=0")
     assert "error: data.batch_size must be a positive integer, got 0" in err
