@@ -25,7 +25,9 @@ def test_a_checkpoint_of_another_model_stops_the_run_naming_the_difference(
     # The check is the template's DDPStrategy's, which runs here as one process.
     args = ["fit", "-c", DDP_YAML, "--trainer.devices=1", "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
     run_cli(*args, "--model.init_args.hidden_features=16")
-    saved = (tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").read_bytes()
+    run = tmp_path / "logs" / "toy" / "default"
+    saved = (run / "checkpoints" / "last.ckpt").read_bytes()
+    files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     capsys.readouterr()
     try:
         run_cli(*args, "--model.init_args.hidden_features=32")
@@ -40,7 +42,9 @@ def test_a_checkpoint_of_another_model_stops_the_run_naming_the_difference(
     )
     assert "start a new run with RUN_ID=<new id>" in err
     assert "Traceback" not in err
-    assert (tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt").read_bytes() == saved
+    assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
+    after = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    assert after == files, "the failed attempt left files in the run's directory"
 
 
 def fails(run_cli, capsys, *args: str) -> str:

@@ -1,11 +1,16 @@
 """The run's ``config.yaml``: written by the attempt that trains, never by one that fails before it does."""
 
+import os
+import re
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 
 class RunRecord(SaveConfigCallback):
@@ -14,11 +19,12 @@ class RunRecord(SaveConfigCallback):
     So ``config.yaml`` always describes the training that wrote the run's ``last.ckpt``: an attempt that stops
     before it trains (a wrong setting, a run already past its end) leaves the record as it was. When the
     config changed since the record was written, the earlier one is kept as ``config-<time it was written>.yaml``.
-    validate/test/predict save their own ``<subcommand>-config.yaml`` at start, as Lightning does.
+    Such an attempt also takes back the empty TensorBoard file Lightning opens at set-up. validate/test/predict
+    save their own ``<subcommand>-config.yaml`` at start, as Lightning does.
     """
 
     log_dir: str | None = None
-    started_at: int = 0
+    started_at: int | None = None  # the step training started from, once it has
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -33,8 +39,25 @@ class RunRecord(SaveConfigCallback):
         self.write(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.global_step > self.started_at:
+        if self.trained(trainer):
             self.write(trainer)
+
+    def trained(self, trainer: Trainer) -> bool:
+        return self.started_at is not None and trainer.global_step > self.started_at
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self.already_saved or self.trained(trainer) or not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            if not isinstance(logger, TensorBoardLogger) or not os.path.isdir(logger.log_dir):
+                continue
+            logger.experiment.close()
+            mine = re.compile(rf"events\.out\.tfevents\..*\.{os.getpid()}\.\d+")  # its name ends in pid.counter
+            for path in Path(logger.log_dir).iterdir():
+                if mine.fullmatch(path.name) and len(list(EventFileLoader(str(path)).Load())) <= 1:  # the header
+                    path.unlink()
+            if not any(Path(logger.log_dir).iterdir()):
+                Path(logger.log_dir).rmdir()
 
     def write(self, trainer: Trainer) -> None:
         if self.already_saved or self.log_dir is None:
