@@ -14,9 +14,11 @@ import re
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from tests.helpers import (
     DDP_YAML,
@@ -31,7 +33,7 @@ from tests.helpers import (
     wait_for_hold,
 )
 from training.checkpoint_io import AtomicCheckpointIO
-from training.preemption import CHECK_PERIOD
+from training.preemption import CHECK_PERIOD, PreemptionCheckpoint
 
 STEPS_PER_EPOCH = 64  # 8192 samples / (64 per batch * 2 processes)
 EPOCHS = 3
@@ -41,6 +43,32 @@ PACE = CHECK_PERIOD / 40
 SIGTERM_STEP = STEPS_PER_EPOCH + 10
 KILL_STEP = 2 * STEPS_PER_EPOCH + 10
 RUN = "interrupted"
+
+
+def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_fast(monkeypatch):
+    # The first batch is timed without the work callbacks after PreemptionCheckpoint do (1 ms here); every
+    # later one takes PACE. The agreement period must not be set by that first batch.
+    clock = [0.0]
+    monkeypatch.setattr("training.preemption.time.monotonic", lambda: clock[0])
+    epoch_loop = SimpleNamespace(_broadcast_sigterm_tensor=None)
+    trainer = SimpleNamespace(
+        world_size=1, fit_loop=SimpleNamespace(epoch_loop=epoch_loop), strategy=SimpleNamespace(launcher=None)
+    )
+    callback = PreemptionCheckpoint()
+    callback.on_train_start(trainer, None)
+    try:
+        clock[0] += 0.001
+        for batch in range(1, 400):
+            if batch == 100:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler PreemptionCheckpoint installed notes it
+            try:
+                callback.on_train_batch_end(trainer, None, None, None, batch)
+            except SIGTERMException:
+                break
+            clock[0] += PACE
+    finally:
+        callback.on_train_end(trainer, None)
+    assert 100 <= batch <= 100 + CHECK_PERIOD / PACE, f"stopped {batch - 100} batches after the signal"
 
 
 def run_args(epochs: int = EPOCHS, hold_at: int | None = None, hold_file: Path | None = None) -> list[str]:

@@ -74,10 +74,13 @@ class PreemptionCheckpoint(Callback):
         if self._since_check < self._check_every:
             return
         # The next agreement about CHECK_PERIOD from now at this rank's pace; the ranks run in step, so
-        # their proposals hardly differ, and the largest is taken.
+        # their proposals hardly differ, and the largest is taken. The pace of the first batches is no guide
+        # (the first is timed without the work other callbacks do after this one, or with set-up work in it),
+        # so the period at most doubles from one agreement to the next.
         now = time.monotonic()
         seconds_per_batch = (now - self._last_check) / self._since_check
-        proposal = max(1, min(1000, round(CHECK_PERIOD / max(seconds_per_batch, 1e-6))))
+        paced = round(CHECK_PERIOD / max(seconds_per_batch, 1e-6))
+        proposal = max(1, min(1000, 2 * max(self._check_every, 1), paced))
         flags = torch.tensor([int(self._requested), proposal])
         if trainer.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._channel)
