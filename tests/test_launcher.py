@@ -147,3 +147,20 @@ def test_workers_orphaned_by_a_killed_torchrun_are_stopped(tmp_path):
     assert process.returncode != 0
     assert "training exited, stopping processes it left running: sending SIGTERM to" in output
     assert_everything_stopped(node, port)
+
+
+def test_a_run_past_its_end_stops_before_any_training_process_starts(tmp_path, run_cli):
+    node = copy_project(tmp_path / "node")
+    run = node / "logs" / "toy" / "default"
+    fit = ["fit", "-c", DDP_YAML, *SINGLE_PROCESS, f"--trainer.logger.init_args.save_dir={node / 'logs'}"]
+    run_cli(*fit, "--trainer.max_epochs=2", "--trainer.limit_train_batches=2")
+    record = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
+
+    process = launch(node, "cpu:2", 0, "--trainer.max_epochs=1", MASTER_PORT=str(free_port()))
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 2, output
+    assert f"error: the run in {run} is past the end this config sets: its checkpoint {run}/checkpoints/last.ckpt" in (
+        output
+    )
+    assert "Process group started" not in output and "Traceback" not in output
+    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == record

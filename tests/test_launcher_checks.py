@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import DDP_YAML, SINGLE_PROCESS, copy_project, free_port, launch, launcher_env
+from tests.helpers import copy_project, free_port, launch, launcher_env
 
 
 @pytest.fixture(scope="module")
@@ -211,20 +211,3 @@ def test_busy_master_port_names_the_process(node):
         err = fails(node, "cpu:1", "0", MASTER_PORT=str(port))
     holder_name = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
     assert f"MASTER_PORT {port} is already in use on the master, by {holder_name} (pid {os.getpid()})" in err
-
-
-def test_a_run_past_its_end_stops_before_any_training_process_starts(tmp_path, run_cli):
-    node = copy_project(tmp_path / "node")
-    run = node / "logs" / "toy" / "default"
-    fit = ["fit", "-c", DDP_YAML, *SINGLE_PROCESS, f"--trainer.logger.init_args.save_dir={node / 'logs'}"]
-    run_cli(*fit, "--trainer.max_epochs=2", "--trainer.limit_train_batches=2")
-    record = {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()}
-
-    process = launch(node, "cpu:2", 0, "--trainer.max_epochs=1", MASTER_PORT=str(free_port()))
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 2, output
-    assert f"error: the run in {run} is past the end this config sets: its checkpoint {run}/checkpoints/last.ckpt" in (
-        output
-    )
-    assert "Process group started" not in output and "Traceback" not in output
-    assert {path.name: path.read_bytes() for path in run.iterdir() if path.is_file()} == record
