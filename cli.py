@@ -22,11 +22,9 @@ import os
 import re
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace
-from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -35,7 +33,7 @@ from training import DDPStrategy, StartupError
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser, optimizer_problem
-from training.resume import counters, past_end
+from training.resume import checkpoint_problem, past_end
 from training.run_record import RunRecord
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
@@ -57,26 +55,10 @@ class CLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
         # LightningCLI reads a --ckpt_path file's hyperparameters next: a wrong path or file would end there in a
-        # traceback from every rank. A sharded checkpoint (configs/fsdp.yaml) is a directory.
+        # traceback from every rank.
         subcommand = self.config.get("subcommand")
-        path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if path in (None, "last", "best", "hpc") or path.startswith("registry"):
-            return
-        if not get_filesystem(path).exists(path):
-            parser.error(
-                f"--ckpt_path {path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
-                "the directory of a sharded checkpoint."
-            )
-        if Path(path).is_dir() and not (Path(path) / ".metadata").is_file():
-            parser.error(
-                f"--ckpt_path {path} is a directory, but not a sharded checkpoint (it has no .metadata file). Give "
-                "the path of a .ckpt file in it, such as checkpoints/last.ckpt."
-            )
-        if Path(path).is_file():
-            try:
-                counters(path)
-            except ValueError as error:
-                parser.error(str(error))
+        if subcommand and (problem := checkpoint_problem(self.config[subcommand].get("ckpt_path"))):
+            parser.error(problem)
 
     def before_instantiate_classes(self) -> None:
         # validate/test/predict log into the run too; their configs must not overwrite the training one.
@@ -99,7 +81,7 @@ class CLI(LightningCLI):
             # jsonargparse wraps the constructor's message, which names the flag and the fix, in a report on
             # each type it tried (the class, then None).
             self.parser.error(str(error.__cause__ if isinstance(error.__cause__, ValueError) else error))
-        except MisconfigurationException as error:  # Lightning's Trainer rejecting a combination of settings
+        except MisconfigurationException as error:  # Lightning's Trainer rejecting a setting or a combination
             self.parser.error(f"{error} Fix the trainer settings in the config files or on the command line.")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -57,6 +58,29 @@ def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
             f"the checkpoint {Path(path).resolve()} cannot be read as a Lightning checkpoint ({reason}). Give "
             "--ckpt_path a checkpoint this template wrote, or move the damaged file away to start the run afresh."
         ) from None
+
+
+def checkpoint_problem(ckpt_path: str | None) -> str | None:
+    """What is wrong with ``--ckpt_path``, or None: a path that does not exist, a directory that is no sharded
+    checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint. Lightning's special values pass."""
+    if ckpt_path in (None, "last", "best", "hpc") or ckpt_path.startswith("registry"):
+        return None
+    if not get_filesystem(ckpt_path).exists(ckpt_path):
+        return (
+            f"--ckpt_path {ckpt_path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
+            "the directory of a sharded checkpoint."
+        )
+    if Path(ckpt_path).is_dir() and not (Path(ckpt_path) / ".metadata").is_file():
+        return (
+            f"--ckpt_path {ckpt_path} is a directory, but not a sharded checkpoint (it has no .metadata file). "
+            "Give the path of a .ckpt file in it, such as checkpoints/last.ckpt."
+        )
+    if Path(ckpt_path).is_file():
+        try:
+            counters(ckpt_path)
+        except ValueError as error:
+            return str(error)
+    return None
 
 
 def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None) -> str | None:
