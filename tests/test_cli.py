@@ -175,6 +175,18 @@ def test_an_unknown_class_names_the_module_and_the_class(run_cli, capsys, class_
     assert f"""error: Parser key "model": Problem with given class_path '{class_path}': {reason}""" in err
 
 
+@pytest.mark.parametrize(
+    "config, told",
+    [
+        ("configs/bf16.yaml", "required: fit.model. Start from the main config and add feature files after it"),
+        ("configs/seq2seq.yaml", "goes after the file that names the class, as in -c configs/ddp.yaml -c configs"),
+    ],
+)
+def test_a_feature_config_given_alone_says_to_add_it_to_the_main_one(run_cli, capsys, config, told):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", str(REPO / config)))
+    assert told in err
+
+
 def test_an_optimizer_value_torch_rejects_stops_before_anything_starts(run_cli, capsys, tmp_path):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--model.init_args.optimizer.init_args.lr=-1")
     assert one_paragraph(err) == (

@@ -24,6 +24,17 @@ NOISE = re.compile(
 EXPECTED = re.compile(r"Expected a <class '[\w.]+'>")  # beside a class_path's problem: the types it is not
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+# The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
+LAYERING = {
+    "the following arguments are required: ": (
+        "Start from the main config and add feature files after it (-c configs/ddp.yaml -c configs/bf16.yaml), "
+        "or name the class with --model."
+    ),
+    "class path given previously": (
+        "A config file that sets init_args without a class_path goes after the file that names the class, as in "
+        "-c configs/ddp.yaml -c configs/seq2seq.yaml."
+    ),
+}
 
 
 def accepted(class_path: str) -> list[str]:
@@ -52,6 +63,7 @@ def concise(message: str) -> str:
             closest = difflib.get_close_matches(unknown[1], names, n=1, cutoff=0.5)
             hint = f" (closest to '{unknown[1]}': {closest[0]})" if closest else ""
             hints[owner] = f"{owner} accepts: {', '.join(names)}{hint}."
+    hints |= {marker: hint for marker, hint in LAYERING.items() if marker in message and hint not in message}
     if hints:
         paragraph = paragraph.rstrip(".") + ". " + " ".join(hints.values())
     return paragraph
