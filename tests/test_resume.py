@@ -9,6 +9,7 @@ import yaml
 
 from tests.helpers import DDP_YAML, SINGLE_PROCESS
 from training.fingerprint import code_digest, imported_code
+from training.resume import checkpoint_problem, past_end
 
 
 @pytest.fixture
@@ -86,6 +87,11 @@ def test_a_run_past_its_end_stops_before_training_and_its_record_stays(run_cli, 
     assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_epochs"] == 3
     (earlier,) = run.glob("config-*.yaml")
     assert earlier.read_bytes() == files[run / "config.yaml"], "the config of the first two epochs was not kept"
+
+
+def test_checkpoints_lightning_finds_itself_are_left_to_it():
+    for name in ("best", "hpc", "registry:my-model:latest"):
+        assert checkpoint_problem(name) is None and past_end(None, name, True) is None, name
 
 
 def test_the_code_digest_covers_the_user_modules_a_run_imported(tmp_path, monkeypatch):

@@ -60,10 +60,15 @@ def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
         ) from None
 
 
+def found_by_lightning(ckpt_path: str) -> bool:
+    """Whether ``ckpt_path`` is a name Lightning resolves itself ("best", "hpc", a model registry), not a path."""
+    return ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry")
+
+
 def checkpoint_problem(ckpt_path: str | None) -> str | None:
     """What is wrong with ``--ckpt_path``, or None: a path that does not exist, a directory that is no sharded
     checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint. Lightning's special values pass."""
-    if ckpt_path in (None, "last", "best", "hpc") or ckpt_path.startswith("registry"):
+    if ckpt_path in (None, "last") or found_by_lightning(ckpt_path):
         return None
     if not get_filesystem(ckpt_path).exists(ckpt_path):
         return (
@@ -89,8 +94,10 @@ def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None)
     Lightning finds a checkpoint past ``max_epochs`` only once every process has started, and says so in a
     traceback from each; this reads the checkpoint's two counters in the launching process instead.
     """
+    if ckpt_path is None or found_by_lightning(ckpt_path):
+        return None
     path = last_checkpoint(trainer) if ckpt_path == "last" else ckpt_path
-    if path is None or ckpt_path in ("best", "hpc") or "://" in str(path) or Path(path).is_dir():
+    if path is None or "://" in str(path) or Path(path).is_dir():
         return None  # nothing to resume, or a checkpoint Lightning resolves or reads itself (sharded, remote)
     try:
         epochs, steps = counters(path, weights_only is not False)
