@@ -196,18 +196,24 @@ def test_an_optimizer_value_torch_rejects_stops_before_anything_starts(run_cli, 
     assert not (tmp_path / "logs").exists()
 
 
+def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
+    """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *args)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
 def test_a_monitor_the_model_never_logs_stops_the_run_after_one_step(run_cli, capsys, tmp_path):
     monitor = tmp_path / "monitor.yaml"
     monitor.write_text(
         "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args:\n        monitor: val/los\n        dirpath: best\n"
     )
-    with pytest.raises(SystemExit) as exit_:
-        run_cli("fit", "-c", DDP_YAML, "-c", str(monitor), *SINGLE_PROCESS, "--trainer.max_epochs=1")
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == (
+    last = stopped_in_the_run(run_cli, capsys, "-c", str(monitor), "--trainer.max_epochs=1")
+    assert last == (
         "error: ModelCheckpoint monitors 'val/los', which the model does not log; it logs 'val/loss'. Set monitor: "
         "val/loss in the config, or log 'val/los' with self.log in the model. (Found after the first training "
         "step; Lightning would stop at the end of the first epoch.)"
@@ -222,12 +228,7 @@ def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys
         "      init_args:\n        monitor: accuracy\n"
     )
     args = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
-    with pytest.raises(SystemExit) as exit_:
-        run_cli("fit", "-c", DDP_YAML, "-c", str(monitor), *SINGLE_PROCESS, *args)
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == (
+    assert stopped_in_the_run(run_cli, capsys, "-c", str(monitor), *args) == (
         "error: `ModelCheckpoint(monitor='accuracy')` could not find the monitored key in the returned metrics: "
         "['train/loss', 'val/loss', 'epoch', 'step']. HINT: Did you call `log('accuracy', value)` in the "
         "`LightningModule`?"

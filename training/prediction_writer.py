@@ -47,8 +47,8 @@ class PredictionWriter(BasePredictionWriter):
         (indices,) = batch_indices  # Lightning lists them by predict dataloader; the template's data has one
         return {
             index: row
-            for batch, batch_indices in zip(predictions, indices, strict=True)
-            for index, row in zip(batch_indices, unbatch(batch), strict=True)
+            for batch, inputs in zip(predictions, indices, strict=True)
+            for index, row in zip(inputs, unbatch(batch), strict=True)
         }
 
     def save(self, trainer: Trainer, rows: list[Any], file: Any) -> None:
