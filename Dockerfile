@@ -21,9 +21,12 @@ ARG TORCH_INDEX_URL=""
 ARG UID=1000
 
 # iproute2 gives scripts/run_ddp_train.sh `ip` and `ss`; procps gives ps and top for looking inside.
+# libibverbs1 and ibverbs-providers are the verbs library and its drivers that NCCL loads for InfiniBand and
+# RoCE (with `docker run --device /dev/infiniband`); without them it falls back to TCP sockets.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv iproute2 procps \
+        libibverbs1 ibverbs-providers \
     && rm -rf /var/lib/apt/lists/*
 
 ENV VIRTUAL_ENV=/opt/venv \
@@ -49,8 +52,9 @@ RUN (userdel --remove ubuntu 2>/dev/null || true) \
 
 WORKDIR /app
 COPY . .
-# Training writes logs and checkpoints to /app/logs; mount a volume there to keep them.
-RUN mkdir -p logs && chown trainer:trainer logs
+# Training writes logs and checkpoints to /app/logs (mount a volume there to keep them) and the seq2seq
+# corpus to /app/cache. Only these belong to the user: the code stays root's, so training cannot change it.
+RUN mkdir -p logs cache && chown trainer:trainer logs cache
 
 USER ${UID}
 # `docker run IMAGE fit -c configs/ddp.yaml ...` runs cli.py; the multi-node launcher runs with

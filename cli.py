@@ -24,12 +24,14 @@ import sys
 import warnings
 from typing import Any
 
+import torch
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy, StartupError
+from training.combinations import combination_problem
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser, optimizer_problem
@@ -51,6 +53,14 @@ class CLI(LightningCLI):
         parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
         for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        # Set before the Trainer, which reads it when it picks the GPU; torch has it per process, not per model.
+        parser.add_argument(
+            "--matmul_precision",
+            choices=("highest", "high", "medium"),
+            default="highest",
+            help="torch.set_float32_matmul_precision: high and medium let float32 matrix products use TF32 or "
+            "bfloat16 tensor cores (Ampere GPUs and newer), faster and less exact; highest is torch's default",
+        )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
@@ -64,9 +74,10 @@ class CLI(LightningCLI):
         # validate/test/predict log into the run too; their configs must not overwrite the training one.
         name = "config.yaml" if self.subcommand == "fit" else f"{self.subcommand}-config.yaml"
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
-        if problem := optimizer_problem(self.config[self.subcommand].as_dict()):
-            self.parser.error(problem)
         config = self.config[self.subcommand]
+        if problem := optimizer_problem(config.as_dict()) or combination_problem(config.as_dict()):
+            self.parser.error(problem)
+        torch.set_float32_matmul_precision(config.matmul_precision)
         logger = config.trainer.logger
         if isinstance(logger, Namespace) and "name" in logger.get("init_args", {}) and logger.init_args.name is None:
             # A logger without a name (configs/ddp.yaml) logs under the model's: the runs of a model given with

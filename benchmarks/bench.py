@@ -1,37 +1,44 @@
 """The template against raw PyTorch, side by side: training steps, the data path, logging and start-up.
 
     python -m benchmarks.bench [--quick] [--rounds N] [--out benchmarks/results]   # from the repo root
+    python -m benchmarks.bench --accelerator gpu [...]   # the same, every side on GPUs
 
 --rounds sets the rounds of every comparison (default 5, 1 with --quick); ``--rounds 1`` is a quick look
-at the full sizes, one run per side and row.
+at the full sizes, one run per side and row. --accelerator gpu trains every side with one GPU per process
+over NCCL, with 1 and 2 processes where there are 2 GPUs, 1 where there is one; a step is timed once the
+GPU has finished it (benchmarks/timing.py). The data path is measured on the CPU either way.
 
 1. Step time of the template (``python cli.py fit`` with configs/ddp.yaml, its DDPStrategy, callbacks and
    data path) against benchmarks/raw_ddp.py (DistributedDataParallel, DistributedSampler, the same
    DataLoader, model, batch, seed and threads), for the toy model and the seq2seq example, with 1 and 2
-   processes on gloo; and how far their weights end apart after the same steps. A third side,
+   processes on gloo (or NCCL); and how far their weights end apart after the same steps. A third side,
    benchmarks/lightning_only.py (a plain Trainer), splits the difference into what Lightning's loop costs
    and what the template adds to it.
 2. The data path alone: a per-sample collate against the template's whole-batch indexing.
 3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar, as a
-   fourth side of the toy model's 2-process comparison.
+   fourth side of the toy model's comparison with the most processes (2, or 1 on one GPU).
 4. Start-up: ``python cli.py --help`` against ``python -c "import lightning"``, and the time from launch to
-   the first training step of a 2-process job.
+   the first training step of that job.
 
 Runs alternate (A/B/C, B/C/A, ...); a step time is the median over the rounds of each run's median step
 time after warm-up, a ratio the median over the rounds of the ratio of that round's two runs, with its
-lowest and highest. It prints a table, writes bench.json and bench.png to --out, and ends with two lines,
-the largest template/Lightning and template/raw ratios over the rows::
+lowest and highest. It prints a table headed by the accelerator, its device and torch's version, writes
+bench.json and bench.png (which say them too) to --out, and ends with two lines, the largest
+template/Lightning and template/raw ratios over the rows::
 
     worst template/Lightning step-time ratio: X.XX
     worst template/raw step-time ratio: X.XX
 
---quick runs tiny models for a few steps, the toy model with 2 processes and seq2seq with 1 (for the tests).
+--quick runs tiny models for a few steps, the toy model with the most processes and seq2seq with 1 (for the
+tests).
 """
 
 import argparse
 import itertools
 import json
 import os
+import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -40,10 +47,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from benchmarks.workloads import REPO, WORKLOADS
+import torch
 
-# Logging is measured on this row: a fourth side there, the template without logger or progress bar.
-LOGGED = ("toy", 2)
+from benchmarks.workloads import ACCELERATORS, REPO, WORKLOADS, device_problem
 
 
 def median_step(record: Path, warmup: int) -> float:
@@ -61,42 +67,48 @@ def run(command: list[str], cwd: Path) -> None:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
-def template_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str, *extra: str) -> Path:
-    """Train ``steps`` steps with ``python cli.py fit``; the record also holds when the command was launched."""
+def template_command(
+    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, record: Path, *extra: str
+) -> list[str]:
+    """``python cli.py fit`` for ``steps`` steps on ``processes`` processes, its step times written to ``record``."""
+    return [
+        sys.executable,
+        str(REPO / "cli.py"),
+        "fit",
+        *WORKLOADS[workload].arguments(quick, work / "cache", accelerator),
+        f"--trainer.devices={processes}",
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        *extra,
+        "--trainer.callbacks+=benchmarks.timing.StepTimer",
+        f"--trainer.callbacks.out={record}",
+    ]
+
+
+def template_run(
+    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *extra: str
+) -> Path:
+    """Train with ``python cli.py fit``; the record also holds when the command was launched."""
     record = work / f"{name}.json"
-    arguments = WORKLOADS[workload].arguments(quick, work / "cache")
     launched = time.time()
-    run(
-        [
-            sys.executable,
-            str(REPO / "cli.py"),
-            "fit",
-            *arguments,
-            f"--trainer.devices={processes}",
-            f"--trainer.max_steps={steps}",
-            "--trainer.limit_val_batches=0",
-            "--trainer.num_sanity_val_steps=0",
-            *extra,
-            "--trainer.callbacks+=benchmarks.timing.StepTimer",
-            f"--trainer.callbacks.out={record}",
-        ],
-        cwd=work / name,
-    )
+    run(template_command(workload, processes, steps, quick, accelerator, work, record, *extra), cwd=work / name)
     record.write_text(json.dumps({**json.loads(record.read_text()), "launched": launched}))
     return record
 
 
-def quiet_run(workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
+def quiet_run(workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str) -> Path:
     """The template without its logger and progress bar."""
     # refresh_rate applies to the last callback so far: the progress bar of configs/ddp.yaml.
     no_logging = ("--trainer.logger=false", "--trainer.callbacks.refresh_rate=0")
-    return template_run(workload, processes, steps, quick, work, name, *no_logging)
+    return template_run(workload, processes, steps, quick, accelerator, work, name, *no_logging)
 
 
-def module_run(module: str, workload: str, processes: int, steps: int, quick: bool, work: Path, name: str) -> Path:
-    """Train with ``python -m benchmarks.raw_ddp`` or ``benchmarks.lightning_only``; they take the same arguments.
-    ``run`` puts the repo on PYTHONPATH, so the module is found from the run's own directory."""
-    record = work / f"{name}.json"
+def module_command(
+    module: str, workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, record: Path
+) -> list[str]:
+    """``python -m benchmarks.raw_ddp`` or ``benchmarks.lightning_only``: they take the same arguments. ``run`` puts
+    the repo on PYTHONPATH, so the module is found from the run's own directory."""
     command = [
         sys.executable,
         "-m",
@@ -105,6 +117,8 @@ def module_run(module: str, workload: str, processes: int, steps: int, quick: bo
         workload,
         "--processes",
         str(processes),
+        "--accelerator",
+        accelerator,
         "--steps",
         str(steps),
         "--out",
@@ -112,14 +126,20 @@ def module_run(module: str, workload: str, processes: int, steps: int, quick: bo
         "--data-dir",
         str(work / "cache"),
     ]
-    run([*command, "--quick"] if quick else command, cwd=work / name)
+    return [*command, "--quick"] if quick else command
+
+
+def module_run(
+    module: str, workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str
+) -> Path:
+    record = work / f"{name}.json"
+    run(module_command(module, workload, processes, steps, quick, accelerator, work, record), cwd=work / name)
     return record
 
 
 def max_weight_difference(a: Path, b: Path) -> float:
-    import torch
-
-    first, second = torch.load(a.with_suffix(".pt")), torch.load(b.with_suffix(".pt"))
+    # On the CPU: the weights of a GPU run were saved from its GPU.
+    first, second = (torch.load(path.with_suffix(".pt"), map_location="cpu") for path in (a, b))
     return max(float((first[k] - second[k]).abs().max()) for k in first)
 
 
@@ -132,8 +152,11 @@ def paired(numerator: list[float], denominator: list[float]) -> dict:
 
 def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dict, list[float]]:
     """One row per workload and process count; what logging costs; and the seconds from launch to the first
-    step of the toy model's 2-process template runs."""
+    step of the template runs of the row logging is measured on."""
     rows, logging, first_steps = [], {}, []
+    # Logging is measured on the toy model's row with the most processes: a fourth side there, the template
+    # without logger or progress bar.
+    logged_row = ("toy", max(args.processes["toy"]))
     sides = {
         "template": template_run,
         "lightning": partial(module_run, "benchmarks.lightning_only"),
@@ -142,7 +165,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
     for workload in WORKLOADS:
         steps = args.warmup + args.steps[workload] + 1
         for processes in args.processes[workload]:
-            logged = (workload, processes) == LOGGED
+            logged = (workload, processes) == logged_row
             row_sides = {**sides, "quiet": quiet_run} if logged else sides
             medians: dict[str, list[float]] = {side: [] for side in row_sides}
             difference = 0.0
@@ -153,7 +176,8 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
                 records = {}
                 for side in order:
                     name = f"{side}-{workload}-{processes}-{round_}"
-                    records[side] = row_sides[side](workload, processes, steps, args.quick, work, name)
+                    run_side = row_sides[side]
+                    records[side] = run_side(workload, processes, steps, args.quick, args.accelerator, work, name)
                     medians[side].append(median_step(records[side], args.warmup))
                 for side in ("template", "lightning"):
                     difference = max(difference, max_weight_difference(records[side], records["raw"]))
@@ -175,6 +199,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
             if logged:
                 cost = paired(medians["template"], medians["quiet"])
                 logging = {
+                    "processes": processes,
                     "default_step_ms": 1e3 * statistics.median(medians["template"]),
                     "quiet_step_ms": 1e3 * statistics.median(medians["quiet"]),
                     "cost": {key: value - 1 for key, value in cost.items()},
@@ -185,7 +210,6 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
 
 
 def compare_data_path(args: argparse.Namespace) -> dict:
-    import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     from data import RandomDataModule
@@ -226,17 +250,42 @@ def compare_startup(args: argparse.Namespace, work: Path, first_steps: list[floa
         "cli_help_s": help_s,
         "import_lightning_s": import_s,
         "ratio": help_s / import_s,
-        "first_step_2_processes_s": statistics.median(first_steps),
+        "first_step_s": statistics.median(first_steps),
     }
+
+
+def process_counts(quick: bool, accelerator: str) -> dict[str, tuple[int, ...]]:
+    """The process counts of each workload's rows: 1 and 2, on GPUs no more than there are. Quick mode keeps one
+    row per workload: toy with the most processes (the row logging is measured on), seq2seq with 1."""
+    most = 2 if accelerator == "cpu" else min(2, torch.cuda.device_count())
+    if quick:
+        return {"toy": (most,), "seq2seq": (1,)}
+    return dict.fromkeys(WORKLOADS, tuple(range(1, most + 1)))
+
+
+def device_name(accelerator: str) -> str:
+    """The GPU's name, or the CPU's model."""
+    if accelerator == "gpu":
+        return torch.cuda.get_device_name(0)
+    cpuinfo = Path("/proc/cpuinfo")
+    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M) if cpuinfo.exists() else None
+    return model.group(1).strip() if model else platform.machine()
+
+
+def heading(results: dict) -> str:
+    """What the steps ran on, at the head of the table and the chart: a GPU figure is never read as a CPU one."""
+    return f"{results['accelerator']}: {results['device']}, {results['cores']} CPU cores, torch {results['torch']}"
 
 
 def table(results: dict) -> str:
     logging, startup = results["logging"], results["startup"]
+    logged = f"{logging['processes']} process{'es' if logging['processes'] > 1 else ''}"
 
     def ratio(r: dict) -> str:
         return f"{r['median']:.3f} ({r['low']:.2f}-{r['high']:.2f})"
 
     lines = [
+        heading(results),
         "step time, median ms     template Lightning    raw   template/raw (rounds)  Lightning/raw  "
         "template/Lightning  max |weight diff|",
         *(
@@ -249,12 +298,12 @@ def table(results: dict) -> str:
         "",
         f"data path, us/batch of 128: per-sample collate {results['data_path']['per_sample_us']:.0f}, "
         f"whole-batch index {results['data_path']['whole_batch_us']:.0f} ({results['data_path']['speedup']:.1f}x)",
-        f"logging (toy, 2 processes): default {logging['default_step_ms']:.2f} ms/step, no logger and no progress "
+        f"logging (toy, {logged}): default {logging['default_step_ms']:.2f} ms/step, no logger and no progress "
         f"bar {logging['quiet_step_ms']:.2f} ms/step, cost {100 * logging['cost']['median']:+.1f}% "
         f"(rounds {100 * logging['cost']['low']:+.1f}% to {100 * logging['cost']['high']:+.1f}%)",
         f"start-up: cli.py --help {startup['cli_help_s']:.2f} s, import lightning "
-        f"{startup['import_lightning_s']:.2f} s ({startup['ratio']:.2f}x); first training step of a 2-process job "
-        f"{startup['first_step_2_processes_s']:.1f} s after launch",
+        f"{startup['import_lightning_s']:.2f} s ({startup['ratio']:.2f}x); first training step of a "
+        f"{logging['processes']}-process job {startup['first_step_s']:.1f} s after launch",
     ]
     return "\n".join(lines)
 
@@ -284,7 +333,7 @@ def chart(results: dict, path: Path) -> None:
         )
     axes.set_xticks(list(positions), labels)
     axes.set_ylabel("median step time (ms)")
-    axes.set_title("step time on gloo, CPU; labels: template / raw")
+    axes.set_title(f"step time, {heading(results)}\nlabels: template / raw", fontsize="medium")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -305,15 +354,22 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=None, help="rounds per comparison (default 5, quick 1); 1 for a quick look"
     )
+    parser.add_argument(
+        "--accelerator",
+        choices=ACCELERATORS,
+        default="cpu",
+        help="where every side trains: CPU processes on gloo, or one GPU per process on NCCL",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")
     args = parser.parse_args()
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if problem := device_problem(args.accelerator, 1):
+        parser.error(problem)
     args.rounds = args.rounds or (1 if args.quick else 5)
     args.warmup = 2 if args.quick else 10
     args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}
-    # Quick mode keeps one row per workload: the logged one with 2 processes, seq2seq with 1.
-    args.processes = {"toy": (2,), "seq2seq": (1,)} if args.quick else dict.fromkeys(WORKLOADS, (1, 2))
+    args.processes = process_counts(args.quick, args.accelerator)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -322,6 +378,9 @@ def main() -> None:
         print("training steps, template against raw and Lightning:", flush=True)
         steps, logging, first_steps = compare_steps(args, work)
         results = {
+            "accelerator": args.accelerator,
+            "device": device_name(args.accelerator),
+            "torch": torch.__version__,
             "quick": args.quick,
             "rounds": args.rounds,
             "cores": len(os.sched_getaffinity(0)),

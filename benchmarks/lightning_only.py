@@ -1,13 +1,15 @@
 """Lightning's Trainer without the template: what Lightning's loop costs by itself.
 
     python -m benchmarks.lightning_only --workload toy --processes 2 --steps 60 --out lightning.json [--quick]
+        [--accelerator gpu]
 
 The model and the data module come from the workload's configs through the CLI's own parser, as in
 benchmarks/raw_ddp.py; they train under a plain ``lightning.pytorch.Trainer`` with Lightning's own
 DDPStrategy (the same DDP settings as configs/ddp.yaml) and nothing else: no logger, progress bar,
-checkpointing, model summary or template callback. Against a template run it measures what the template
-adds; against the raw loop, what Lightning's loop adds. Rank 0 writes its step times and weights with
-benchmarks/timing.py, as a template run does.
+checkpointing, model summary or template callback. It runs CPU processes, or one GPU per process with
+``--accelerator gpu``. Against a template run it measures what the template adds; against the raw loop, what
+Lightning's loop adds. Rank 0 writes its step times and weights with benchmarks/timing.py, as a template run
+does.
 """
 
 from pathlib import Path
@@ -16,16 +18,16 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
 from benchmarks.timing import StepTimer
-from benchmarks.workloads import WORKLOADS, build, run_parser
+from benchmarks.workloads import WORKLOADS, build, run_arguments
 
 
 def main() -> None:
-    args = run_parser(__doc__).parse_args()
-    arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir))
+    args = run_arguments(__doc__)
+    arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir), args.accelerator)
     # seed_everything from the config, then the classes: the same initial weights as a template run.
     built = build([*arguments, f"--trainer.devices={args.processes}"])
     trainer = Trainer(
-        accelerator="cpu",
+        accelerator=args.accelerator,
         devices=args.processes,
         strategy=DDPStrategy(find_unused_parameters=False, gradient_as_bucket_view=True),
         max_steps=args.steps,

@@ -41,7 +41,7 @@ def tokens_per_second(data: Seq2SeqDataModule, model: Seq2SeqTransformer, lr: fl
     for _ in range(steps):
         batch = next(batches)
         logits = model(batch["source"], batch["source_padding_mask"], batch["target"], batch["target_padding_mask"])
-        loss = F.cross_entropy(logits.transpose(1, 2), batch["target"][:, 1:], ignore_index=data.pad_id)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["target"][:, 1:].flatten(), ignore_index=data.pad_id)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

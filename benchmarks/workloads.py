@@ -1,9 +1,12 @@
 """What the benchmark trains: each workload's configs and overrides, the same for every side of a comparison."""
 
 import argparse
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import cli
 
@@ -17,11 +20,11 @@ class Workload:
     overrides: tuple[str, ...]
     quick_overrides: tuple[str, ...]
 
-    def arguments(self, quick: bool, data_dir: Path) -> list[str]:
+    def arguments(self, quick: bool, data_dir: Path, accelerator: str) -> list[str]:
         """Config files and overrides as ``cli.py`` takes them, without the subcommand."""
         configs = [arg for config in self.configs for arg in ("-c", str(REPO / config))]
         overrides = self.quick_overrides if quick else self.overrides
-        return [*configs, *(o.format(data_dir=data_dir) for o in overrides), "--trainer.accelerator=cpu"]
+        return [*configs, *(o.format(data_dir=data_dir) for o in overrides), f"--trainer.accelerator={accelerator}"]
 
 
 WORKLOADS = {
@@ -51,16 +54,43 @@ WORKLOADS = {
 }
 
 
-def run_parser(description: str) -> argparse.ArgumentParser:
+ACCELERATORS = ("cpu", "gpu")
+
+
+def device_problem(accelerator: str, processes: int) -> str:
+    """Why ``processes`` processes cannot train on ``accelerator`` here, one GPU each; empty when they can."""
+    if accelerator == "cpu":
+        return ""
+    found = torch.cuda.device_count()
+    if found == 0:
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a build without CUDA"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        return (
+            f"--accelerator gpu needs a CUDA GPU, and torch {torch.__version__} ({build}) finds none "
+            f"(CUDA_VISIBLE_DEVICES: {visible}); run it on a GPU machine, or leave --accelerator at cpu"
+        )
+    if processes > found:
+        return (
+            f"--processes {processes} with --accelerator gpu needs {processes} GPUs, one per process, and this "
+            f"machine has {found}; give at most --processes {found}"
+        )
+    return ""
+
+
+def run_arguments(description: str) -> argparse.Namespace:
     """The command line of benchmarks/raw_ddp.py and benchmarks/lightning_only.py, which bench.py runs alike."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--quick", action="store_true", help="the small sizes of benchmarks/bench.py --quick")
     parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--accelerator", choices=ACCELERATORS, default="cpu", help="gpu: one GPU per process")
     parser.add_argument("--steps", type=int, required=True, help="training steps, each timed from its start")
     parser.add_argument("--out", required=True, help="JSON file of step start times; the weights go beside it")
     parser.add_argument("--data-dir", default="cache", help="where the seq2seq corpus is (generated if missing)")
-    return parser
+    args = parser.parse_args()
+    if problem := device_problem(args.accelerator, args.processes):
+        parser.error(problem)
+    return args
 
 
 class BuildOnly(cli.CLI):

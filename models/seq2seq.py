@@ -150,10 +150,11 @@ class Seq2SeqTransformer(LightningModule):
         # Sums over every rank's tokens and sequences (torchmetrics syncs the states), not means of rank means.
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", "token_acc", "exact_match")})
 
-    def embed(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token embeddings plus the position code of ``positions`` (broadcastable to ``ids``)."""
-        code = sinusoidal_positions(int(positions.max()) + 1, self.hparams.d_model, ids.device)
-        return self.dropout(self.embedding(ids) + code[positions])
+    def embed(self, ids: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Token embeddings plus position codes ``codes`` (rows of :func:`sinusoidal_positions`, broadcastable to
+        the embeddings). Callers size the code table from tensor shapes: sizing it from the positions' values
+        would make the CPU wait for the GPU on every call."""
+        return self.dropout(self.embedding(ids) + codes)
 
     def encode(self, source: torch.Tensor, source_padding_mask: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         """Each decoder layer's cross-attention keys and values of the source."""
@@ -162,7 +163,8 @@ class Seq2SeqTransformer(LightningModule):
         # every source, whatever its length.
         lengths = (~source_padding_mask).sum(dim=1, keepdim=True)
         positions = (lengths - 1 - torch.arange(source.size(1), device=source.device)).clamp(min=0)
-        memory = self.encoder(self.embed(source, positions), src_key_padding_mask=source_padding_mask)
+        codes = sinusoidal_positions(source.size(1), self.hparams.d_model, source.device)[positions]
+        memory = self.encoder(self.embed(source, codes), src_key_padding_mask=source_padding_mask)
         return [layer.memory_keys_values(memory) for layer in self.decoder]
 
     def forward(
@@ -178,7 +180,7 @@ class Seq2SeqTransformer(LightningModule):
         length = target.size(1) - 1
         causal = torch.ones(length, length, dtype=torch.bool, device=target.device).tril()
         self_mask = causal & ~target_padding_mask[:, None, None, :-1]
-        hidden = self.embed(target[:, :-1], torch.arange(length, device=target.device))
+        hidden = self.embed(target[:, :-1], sinusoidal_positions(length, self.hparams.d_model, target.device))
         for layer, layer_memory in zip(self.decoder, memory, strict=True):
             hidden, _ = layer(hidden, layer_memory, memory_mask, self_mask)
         return self.head(self.decoder_norm(hidden))
@@ -190,9 +192,10 @@ class Seq2SeqTransformer(LightningModule):
         caches = [None] * len(self.decoder)
         token = torch.full((len(source), 1), self.hparams.bos_id, dtype=torch.long, device=source.device)
         done = torch.zeros(len(source), dtype=torch.bool, device=source.device)
+        codes = sinusoidal_positions(max_length, self.hparams.d_model, source.device)
         generated = []
         for step in range(max_length):
-            hidden = self.embed(token, torch.tensor([step], device=token.device))
+            hidden = self.embed(token, codes[step])
             for i, (layer, layer_memory) in enumerate(zip(self.decoder, memory, strict=True)):
                 hidden, caches[i] = layer(hidden, layer_memory, memory_mask, cache=caches[i])
             token = self.head(self.decoder_norm(hidden)).argmax(-1).masked_fill(done[:, None], self.hparams.pad_id)
@@ -207,8 +210,10 @@ class Seq2SeqTransformer(LightningModule):
         labels = batch["target"][:, 1:]
         # Validation loss is plain cross-entropy, comparable whatever the label smoothing.
         smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
+        # Flat (tokens, vocabulary) logits: on 3-D logits cross-entropy runs nll_loss2d, whose CUDA kernel has no
+        # deterministic version, so trainer.deterministic would stop the run.
         loss = F.cross_entropy(
-            logits.transpose(1, 2), labels, ignore_index=self.hparams.pad_id, label_smoothing=smoothing
+            logits.flatten(0, 1), labels.flatten(), ignore_index=self.hparams.pad_id, label_smoothing=smoothing
         )
         if stage == "train":
             self.log("train/loss", loss, prog_bar=True)

@@ -43,10 +43,14 @@ def _time_operation(operation: str, nbytes: int, device: torch.device, iteration
     if operation == "all_gather":
         # nccl-tests size all_gather by its output: each process contributes S/n.
         chunk = torch.ones(elements // processes, device=device)
-        outputs = [torch.empty_like(chunk) for _ in range(processes)]
+        # Into one tensor, as nccl-tests does: a list is gathered through a flat buffer and copied apart each call.
+        output = torch.empty(processes * chunk.numel(), device=device)
+        # torch 2.13 renamed all_gather_into_tensor to all_gather_single and warns on every call of the old
+        # name; torch 2.11 has only the old one.
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
         def call() -> None:
-            dist.all_gather(outputs, chunk)
+            gather(output, chunk)
     else:
         tensor = torch.ones(elements, device=device)
 

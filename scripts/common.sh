@@ -93,6 +93,42 @@ quote() {
     echo "${quoted[*]}"
 }
 
+# One entry of a GPU list as CUDA_VISIBLE_DEVICES takes it: an index, a GPU or MIG UUID as nvidia-smi -L shows it
+# (or enough of its beginning to be unique), or the older MIG-GPU-<uuid>/<gpu instance>/<compute instance>.
+# CUDA silently drops an entry it cannot read and every entry after it: the launcher lets nothing else through.
+gpu_id='([0-9]+|(GPU|MIG)-[0-9a-fA-F]+(-[0-9a-fA-F]+)*|MIG-GPU-[0-9a-fA-F]+(-[0-9a-fA-F]+)*/[0-9]+/[0-9]+)'
+gpu_list="^$gpu_id(,$gpu_id)*\$"
+
+# The entries of the comma-separated list $1 that occur more than once, comma-separated.
+repeated() {
+    tr , '\n' <<<"$1" | awk 'seen[$0]++ == 1' | paste -sd, -
+}
+
+# With a CUDA_VISIBLE_DEVICES set before the launcher started ($inherited: a job scheduler's GPUs for this job,
+# or the user's), the GPUs "$@" of GPUS are picked from it, as CUDA would: an index is a position in that list,
+# a UUID must be one of its entries. Sets visible_devices.
+pick_inherited_gpus() {
+    local id available picked=() set_by="set before the launcher started (by a job scheduler or in your shell)"
+    [[ $inherited =~ $gpu_list && -z $(repeated "$inherited") ]] \
+        || die "CUDA_VISIBLE_DEVICES=$inherited, $set_by, is not a comma-separated list of distinct GPU ids or UUIDs, so GPUS=$GPUS cannot pick GPUs from it. Unset CUDA_VISIBLE_DEVICES to name GPUs by their nvidia-smi ids, fix it to the GPUs this job may use, or train on CPU with cpu:N. Nothing was launched."
+    IFS=, read -r -a available <<<"$inherited"
+    for id in "$@"; do
+        if [[ $id =~ ^[0-9]+$ ]]; then
+            ((10#$id < ${#available[@]})) \
+                || die "GPUS=$GPUS asks for GPU $id, but CUDA_VISIBLE_DEVICES=$inherited, $set_by, holds ${#available[@]} GPU(s). Under an inherited CUDA_VISIBLE_DEVICES the ids in GPUS are positions in that list (GPUS=0 means GPU ${available[0]}), so use ids 0..$((${#available[@]} - 1)), or unset CUDA_VISIBLE_DEVICES to name GPUs by their nvidia-smi ids. Nothing was launched."
+            picked+=("${available[10#$id]}")
+        else
+            [[ ,$inherited, == *",$id,"* ]] \
+                || die "GPUS=$GPUS names $id, which CUDA_VISIBLE_DEVICES=$inherited, $set_by, does not list: this job may use only the GPUs listed there. Name them by position in that list (GPUS=0 means GPU ${available[0]}) or as listed, or unset CUDA_VISIBLE_DEVICES to name any GPU of this node. Nothing was launched."
+            picked+=("$id")
+        fi
+    done
+    visible_devices=$(IFS=, && echo "${picked[*]}")
+    [[ -z $(repeated "$visible_devices") ]] \
+        || die "GPUS=$GPUS names GPU $(repeated "$visible_devices") twice, by its position in CUDA_VISIBLE_DEVICES=$inherited and as listed there. Name each GPU once."
+    echo "GPUS=$GPUS picks from CUDA_VISIBLE_DEVICES=$inherited, $set_by: training uses $visible_devices"
+}
+
 # Validate GPUS NODE_RANK [cli.py arguments...] and the settings, check the network to the master, then
 # parse the config (the one slow check: it imports Lightning); stop with the problem and its fix before
 # anything starts. Sets GPUS, NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args,
@@ -105,20 +141,22 @@ prepare_node() {
     PYTHON=${PYTHON:-python}
     CLUSTER_ENV=${CLUSTER_ENV:-scripts/cluster.env}
 
+    local inherited=${CUDA_VISIBLE_DEVICES:-}
     if [[ $GPUS =~ ^cpu:([1-9][0-9]*)$ ]]; then
         procs_per_node=${BASH_REMATCH[1]}
         accelerator=cpu
         visible_devices=
-    elif [[ $GPUS =~ ^[0-9]+(,[0-9]+)*$ ]]; then
+    elif [[ $GPUS =~ $gpu_list ]]; then
         local gpu_ids duplicates
         IFS=, read -r -a gpu_ids <<<"$GPUS"
         procs_per_node=${#gpu_ids[@]}
-        duplicates=$(printf '%s\n' "${gpu_ids[@]}" | sort -n | uniq -d | paste -sd, -)
+        duplicates=$(repeated "$GPUS")
         [[ -z $duplicates ]] || die "GPUS=$GPUS lists GPU $duplicates more than once. List each GPU id once, e.g. 0,1."
         accelerator=gpu
         visible_devices=$GPUS
+        [[ -z $inherited ]] || pick_inherited_gpus "${gpu_ids[@]}"
     else
-        die "GPUS=$GPUS is neither a comma-separated list of GPU ids (e.g. 0,1) nor cpu:N (e.g. cpu:2)."
+        die "GPUS=$GPUS is neither a comma-separated list of GPU ids (e.g. 0,1) or UUIDs (GPU-..., MIG-..., as nvidia-smi -L shows them) nor cpu:N (e.g. cpu:2)."
     fi
     [[ $NODE_RANK =~ ^[0-9]+$ ]] || die "NODE_RANK=$NODE_RANK is not a non-negative integer. Use 0 on the master and 1, 2, ... on the workers."
     NODE_RANK=$((10#$NODE_RANK))
@@ -151,6 +189,8 @@ prepare_node() {
     master_ip=$(resolve_ipv4 "$MASTER_ADDR")
     [[ -n $master_ip ]] || die "MASTER_ADDR=$MASTER_ADDR does not resolve to an IPv4 address on this node. Use node 0's IP address."
     interface=${SOCKET_IFNAME:-}
+    [[ -z $interface || $interface =~ ^[^,^=[:space:]]+(,[^,^=[:space:]]+)*$ ]] \
+        || die "SOCKET_IFNAME=$interface is not an interface name (or a comma-separated list of them). It sets the interface of both NCCL and gloo, and gloo takes names only: name the interface (e.g. eth0). For NCCL's patterns (^docker excludes, a plain name matches as a prefix), set NCCL_SOCKET_IFNAME itself, and GLOO_SOCKET_IFNAME to the interface."
     if [[ -z $interface ]]; then
         command -v ip >/dev/null || die "cannot find the network interface to MASTER_ADDR without the ip command. Install iproute2 or set SOCKET_IFNAME in $CLUSTER_ENV."
         interface=$(interface_to "$master_ip") && [[ -n $interface ]] \
@@ -179,10 +219,14 @@ prepare_node() {
 export_node_environment() {
     # A stale LOCAL_RANK would make Lightning assume someone else started the processes (one per node, then a hang).
     unset LOCAL_RANK RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK TORCHELASTIC_RUN_ID
-    NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-$interface}
+    # NCCL takes a plain name as a prefix (eth0 would match eth01 and eth0.100 too); "=" means exactly these
+    # interfaces. gloo knows no prefixes or patterns, only names.
+    NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-=$interface}
     GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$interface}
     export CUDA_VISIBLE_DEVICES=$visible_devices # even when empty: cpu:N hides every GPU
-    export_keys=("${settings[@]}" NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES)
+    # CUDA numbers the GPUs fastest first, nvidia-smi (whose ids GPUS takes) by PCI bus: have CUDA count the same way.
+    CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
+    export_keys=("${settings[@]}" NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER)
 }
 
 # Export every name in export_keys that has a value (an empty setting means "not set") and list the

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import platform
+import re
 import socket
 import sys
 from datetime import timedelta
@@ -34,6 +35,13 @@ def say(status: str, text: str) -> None:
     print(f"{status:<5} {text}", flush=True)
 
 
+def driver_version() -> str:
+    """The NVIDIA driver's version, from the banner of its kernel module; "unknown" where there is none."""
+    banner = gpu_check.DRIVER.read_text().partition("\n")[0] if gpu_check.DRIVER.is_file() else ""
+    found = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", banner)
+    return found.group(1) if found else "unknown"
+
+
 def check_node(args: argparse.Namespace) -> bool:
     """The checks of this machine alone; False when training could not run here."""
     say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
@@ -45,7 +53,8 @@ def check_node(args: argparse.Namespace) -> bool:
         visible = torch.cuda.device_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(visible))
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        say("ok", f"CUDA {torch.version.cuda}, NCCL {nccl}; {visible} visible GPU(s): {names}")
+        versions = f"NVIDIA driver {driver_version()}, CUDA {torch.version.cuda}, NCCL {nccl}"
+        say("ok", f"{versions}; {visible} visible GPU(s): {names}")
     else:
         say("ok", f"{args.nproc} CPU process(es) on gloo")
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
@@ -60,6 +69,23 @@ def check_node(args: argparse.Namespace) -> bool:
     else:
         say("ok", f"/dev/shm has {shm.f_blocks * shm.f_frsize >> 20} MiB")
     return healthy
+
+
+def ring(rank: int, world: int, device: torch.device) -> torch.Tensor:
+    """Send this rank's number to the next rank and receive the previous rank's: what arrived.
+
+    Send and receive go as one batch. NCCL runs a lone send or receive as an operation of its own, in order on
+    the device, and a send completes only once its peer receives: were every rank to send before it
+    receives, each would wait on its own send until the timeout.
+    """
+    received = torch.full((3,), -1.0, device=device)
+    batch = [
+        dist.P2POp(dist.isend, torch.full((3,), float(rank), device=device), (rank + 1) % world),
+        dist.P2POp(dist.irecv, received, (rank - 1) % world),
+    ]
+    for request in dist.batch_isend_irecv(batch):
+        request.wait()
+    return received
 
 
 def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, str]:
@@ -114,12 +140,7 @@ def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, 
         expect("all_reduce", tensor, world * (world + 1) / 2)
 
     def send_recv() -> None:
-        # A ring: every rank sends to the next one and receives from the previous one.
-        received = full(-1)
-        requests = [dist.isend(full(rank), (rank + 1) % world), dist.irecv(received, (rank - 1) % world)]
-        for request in requests:
-            request.wait()
-        expect("send/recv", received, (rank - 1) % world)
+        expect("send/recv", ring(rank, world, device), (rank - 1) % world)
 
     for name, check in [
         ("broadcast", broadcast),
@@ -131,7 +152,7 @@ def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, 
         ("send/recv", send_recv),
     ]:
         if name == "send/recv" and world == 1:
-            continue
+            continue  # a process alone has no peer to send to (gloo cannot send to itself)
         run(name, check)
     return problems
 

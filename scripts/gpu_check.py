@@ -17,14 +17,20 @@ def problem(wanted: int) -> str | None:
     seen = torch.cuda.device_count()
     if seen >= wanted:
         return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    named = f"the GPU list names {wanted} GPU(s) (CUDA_VISIBLE_DEVICES={visible}), but torch sees {seen}"
+    if seen == 1 and any(entry.startswith("MIG-") for entry in visible.split(",")):
+        return (
+            f"{named}: CUDA shows a process only the first MIG device of its list, and every process of a node "
+            "gets the whole list. Give each node one MIG device (GPUS=MIG-...), or whole GPUs. Nothing was launched."
+        )
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA: a CPU build"
     driver = (
         DRIVER.read_text().splitlines()[0].strip() if DRIVER.is_file() else f"no NVIDIA driver loaded (no {DRIVER})"
     )
     return (
-        f"the GPU list names {wanted} GPU(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}), "
-        f"but torch sees {seen} on this node: torch {torch.__version__} has {build}; {driver}. Train on CPU "
-        "with cpu:N, install a CUDA build of torch and the NVIDIA driver, or list GPU ids this node has "
+        f"{named} on this node: torch {torch.__version__} has {build}; {driver}. Train on CPU with cpu:N, "
+        "install a CUDA build of torch and the NVIDIA driver, or list GPUs this node has, by id or UUID "
         "(nvidia-smi -L). Nothing was launched."
     )
 

@@ -7,9 +7,13 @@
 #   ./scripts/run_ddp_train.sh 0,1 1                           # on a worker:  GPUs 0 and 1, node rank 1
 #   ./scripts/run_ddp_train.sh cpu:2 0 --trainer.max_epochs=3  # 2 CPU processes on gloo
 #
-# GPUS is a comma-separated list of GPU ids (it becomes CUDA_VISIBLE_DEVICES, one process per id)
-# or cpu:N for N CPU processes. Cluster settings come from scripts/cluster.env; an environment
-# variable of the same name overrides the file. Knobs read from the environment only:
+# GPUS is a comma-separated list of GPU ids or UUIDs as nvidia-smi -L shows them (it becomes
+# CUDA_VISIBLE_DEVICES, one process per id; CUDA_DEVICE_ORDER=PCI_BUS_ID unless set, so CUDA counts as
+# nvidia-smi does) or cpu:N for N CPU processes. Where CUDA_VISIBLE_DEVICES is already set, say by a job
+# scheduler, GPUS picks from it by position and never leaves it:
+#   CUDA_VISIBLE_DEVICES=2,3 ./scripts/run_ddp_train.sh 0,1 0    # trains on GPUs 2 and 3; GPUS=1 means GPU 3
+# Cluster settings come from scripts/cluster.env; an environment variable of the same name overrides the
+# file. Knobs read from the environment only:
 #   CLUSTER_ENV=path    the settings file (default: scripts/cluster.env)
 #   NUM_NODES=N         overrides trainer.num_nodes of the config (printed when used)
 #   LAUNCHER=torchrun   start the processes with torchrun (c10d rendezvous) instead of Lightning

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import cli
 from tests.helpers import processes_in
@@ -36,7 +37,9 @@ def run_cli(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "argv", ["cli.py", *args])
         return cli.main()
 
-    return run
+    precision = torch.get_float32_matmul_precision()  # the config sets it for the whole process
+    yield run
+    torch.set_float32_matmul_precision(precision)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from data import RandomDataModule
@@ -17,6 +18,17 @@ REPO = Path(__file__).resolve().parents[1]
 DDP_YAML = str(REPO / "configs" / "ddp.yaml")
 # In-process runs stay in this pytest process: one device, no process group.
 SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1"]
+
+
+def needs_gpus(count: int = 1):
+    """Put a test in the GPU tier (``pytest -m gpu``), skipped with the reason where fewer than ``count`` GPUs."""
+
+    def mark(test):
+        found = torch.cuda.device_count()
+        reason = f"needs {count} CUDA GPU{'s' if count > 1 else ''}; this machine has {found}"
+        return pytest.mark.gpu(pytest.mark.skipif(found < count, reason=reason)(test))
+
+    return mark
 
 
 def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 900):

@@ -1,5 +1,6 @@
 """Callbacks the tests add on the command line to observe or pace a real run."""
 
+import json
 import os
 import signal
 import time
@@ -13,8 +14,8 @@ from torch.optim import Optimizer
 
 class RankProbe(Callback):
     """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, threads, inputs seen in epoch 0, final parameters,
-    the DataModule's state, the precision setting and the dtypes the model's layers (leaf modules with weights)
-    computed in training.
+    the DataModule's state, the precision setting, the device, the dtypes the model's layers (leaf modules with
+    weights) computed in training and the gradient scaler's state when training started (None without one).
 
     Args:
         out_dir: where to write.
@@ -26,6 +27,11 @@ class RankProbe(Callback):
         self.input_key = input_key
         self.inputs: list[torch.Tensor] = []
         self.layer_dtypes: set[str] = set()
+        self.scaler_at_start: dict | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.scaler_at_start = scaler.state_dict() if scaler is not None else None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for module in pl_module.modules():
@@ -51,6 +57,8 @@ class RankProbe(Callback):
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
             "precision": trainer.precision,
+            "device": str(pl_module.device),
+            "scaler_at_start": self.scaler_at_start,
             "layer_dtypes": sorted(self.layer_dtypes),
             "inputs": torch.cat(self.inputs),
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
@@ -152,3 +160,46 @@ class OptimizerStepProbe(Callback):
 def gradient_norm(optimizer: Optimizer) -> float:
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     return float(torch.nn.utils.get_total_norm(grads))
+
+
+class TokenRate(Callback):
+    """Writes ``tokens.json`` in ``out_dir`` from global rank 0: the non-padding tokens its seq2seq batches held
+    after the first step, the seconds of training they took (the first step, with its set-up, and validation are
+    left out) and the world size.
+    """
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+        self.tokens: torch.Tensor | int = 0
+        self.seconds = 0.0
+        self.started: float | None = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.global_step < 1:
+            return
+        if self.started is None:
+            self.synchronize(pl_module)
+            self.started = time.perf_counter()
+        # Summed on the device: reading a count back every step would slow down what is measured.
+        self.tokens = self.tokens + (~batch["source_padding_mask"]).sum() + (~batch["target_padding_mask"]).sum()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.pause(pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.pause(pl_module)
+        if trainer.is_global_zero:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            record = {"tokens": int(self.tokens), "seconds": self.seconds, "world_size": trainer.world_size}
+            (self.out_dir / "tokens.json").write_text(json.dumps(record))
+
+    def pause(self, pl_module: LightningModule) -> None:
+        if self.started is not None:
+            self.synchronize(pl_module)
+            self.seconds += time.perf_counter() - self.started
+            self.started = None
+
+    @staticmethod
+    def synchronize(pl_module: LightningModule) -> None:
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)

@@ -7,8 +7,11 @@ import statistics
 import sys
 
 import pytest
+import torch
 
-from tests.helpers import REPO, run_script
+from tests.helpers import REPO, needs_gpus, run_script
+
+SIDES = ("template", "lightning", "raw")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def test_every_workload_and_process_count_is_timed_against_the_raw_loop(bench):
     assert sorted((r["workload"], r["processes"]) for r in rows) == [("seq2seq", 1), ("toy", 2)]
     for row in rows:
         rounds = row["rounds_step_ms"]
-        for side in ("template", "lightning", "raw"):
+        for side in SIDES:
             assert len(rounds[side]) == results["rounds"] and all(positive(v) for v in rounds[side]), row
             assert row[f"{side}_step_ms"] == pytest.approx(statistics.median(rounds[side]))
         for key, top, bottom in (
@@ -57,6 +60,7 @@ def test_template_lightning_alone_and_raw_loop_end_with_the_same_weights(bench):
 @pytest.mark.distributed
 def test_logging_data_path_and_startup_figures_are_present(bench):
     results, _, _ = bench
+    assert results["logging"]["processes"] == 2
     assert all(positive(results["logging"][k]) for k in ("default_step_ms", "quiet_step_ms"))
     # One round in quick mode: the median of the per-round costs is that round's.
     cost = results["logging"]["default_step_ms"] / results["logging"]["quiet_step_ms"] - 1
@@ -68,7 +72,9 @@ def test_logging_data_path_and_startup_figures_are_present(bench):
 @pytest.mark.distributed
 def test_prints_a_table_draws_a_chart_and_ends_with_the_headlines(bench):
     results, stdout, out = bench
-    assert "step time, median ms     template Lightning    raw   template/raw (rounds)" in stdout
+    assert (results["accelerator"], results["torch"]) == ("cpu", torch.__version__) and results["device"]
+    heading = f"cpu: {results['device']}, {results['cores']} CPU cores, torch {torch.__version__}"
+    assert f"{heading}\nstep time, median ms     template Lightning    raw   template/raw (rounds)" in stdout
     for row in results["steps"]:
         assert f"{row['workload']:>8}, {row['processes']} process(es) {row['template_step_ms']:8.2f}" in stdout
     assert (out / "bench.png").read_bytes().startswith(b"\x89PNG")
@@ -101,3 +107,85 @@ def test_rounds_below_one_is_refused_naming_the_flag(rounds, monkeypatch, capsys
         bench.main()
     assert exit_.value.code == 2
     assert f"--rounds must be at least 1, got {rounds}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "gpu"])
+def test_every_side_trains_on_the_accelerator_asked_for(accelerator, tmp_path, monkeypatch):
+    from benchmarks.bench import module_command, template_command
+    from benchmarks.workloads import run_arguments
+
+    template = template_command("toy", 2, 5, True, accelerator, tmp_path, tmp_path / "template.json")
+    assert [a for a in template if a.startswith(("--trainer.accelerator=", "--trainer.devices="))] == [
+        f"--trainer.accelerator={accelerator}",
+        "--trainer.devices=2",
+    ]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for module in ("benchmarks.lightning_only", "benchmarks.raw_ddp"):
+        command = module_command(module, "toy", 2, 5, True, accelerator, tmp_path, tmp_path / f"{module}.json")
+        assert command[1:3] == ["-m", module]
+        monkeypatch.setattr(sys, "argv", [module, *command[3:]])
+        args = run_arguments(module)
+        assert (args.accelerator, args.processes) == (accelerator, 2)
+
+
+def test_the_raw_loop_runs_nccl_on_its_own_gpu_and_gloo_on_cpu():
+    from benchmarks.raw_ddp import placement
+
+    assert placement("gpu", 1) == ("nccl", torch.device("cuda", 1))
+    assert placement("cpu", 1) == ("gloo", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("gpus", "full", "quick"), [(1, (1,), (1,)), (4, (1, 2), (2,))])
+def test_gpu_rows_have_at_most_one_process_per_gpu(gpus, full, quick, monkeypatch):
+    from benchmarks.bench import process_counts
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert process_counts(False, "gpu") == {"toy": full, "seq2seq": full}
+    # Quick: the toy row is the one logging is measured on, with the most processes.
+    assert process_counts(True, "gpu") == {"toy": quick, "seq2seq": (1,)}
+    assert process_counts(False, "cpu") == {"toy": (1, 2), "seq2seq": (1, 2)}
+
+
+def test_gpu_without_cuda_stops_with_one_line_naming_the_flag(tmp_path, monkeypatch, capsys):
+    from benchmarks import bench
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(sys, "argv", ["bench", "--accelerator", "gpu", "--quick", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    *_, error = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith("python -m benchmarks.bench: error: --accelerator gpu needs a CUDA GPU, and torch ")
+    assert "finds none" in error and error.endswith("run it on a GPU machine, or leave --accelerator at cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch, capsys):
+    from benchmarks.workloads import run_arguments
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    command = ["--workload", "toy", "--processes", "2", "--steps", "5", "--out", "raw.json", "--accelerator", "gpu"]
+    monkeypatch.setattr(sys, "argv", ["raw_ddp", *command])
+    with pytest.raises(SystemExit) as exit_:
+        run_arguments("raw loop")
+    assert exit_.value.code == 2
+    assert "--processes 2 with --accelerator gpu needs 2 GPUs, one per process, and this machine has 1" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.distributed
+@needs_gpus(1)
+def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--accelerator", "gpu", "--out", str(tmp_path)]
+    result = run_script(command, cwd=REPO, timeout=1800)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "bench.json").read_text())
+    device = torch.cuda.get_device_name(0)
+    assert (results["accelerator"], results["device"], results["torch"]) == ("gpu", device, torch.__version__)
+    most = min(2, torch.cuda.device_count())
+    assert sorted((r["workload"], r["processes"]) for r in results["steps"]) == [("seq2seq", 1), ("toy", most)]
+    for row in results["steps"]:
+        assert all(positive(row[f"{side}_step_ms"]) for side in SIDES), row
+    assert f"gpu: {device}, {results['cores']} CPU cores, torch {torch.__version__}" in result.stdout
+    assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")

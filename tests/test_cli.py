@@ -17,6 +17,13 @@ def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
     assert torch.isfinite(result.trainer.callback_metrics["val/loss"])
 
 
+@pytest.mark.parametrize(("given", "expected"), [((), "high"), (("--matmul_precision=medium",), "medium")])
+def test_the_float32_matmul_precision_is_set_from_the_config(run_cli, given, expected):
+    torch.set_float32_matmul_precision("highest")
+    run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.fast_dev_run=1", *given)
+    assert torch.get_float32_matmul_precision() == expected
+
+
 def test_data_shapes_are_linked_into_the_model(run_cli):
     result = run_cli(
         "fit",

@@ -1,13 +1,16 @@
 """The Dockerfile and .dockerignore, checked without a Docker engine: what the image installs, runs and contains."""
 
+import inspect
 import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
+import yaml
 
+from data import Seq2SeqDataModule
 from tests.helpers import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
@@ -44,6 +47,40 @@ def test_the_image_has_what_the_launcher_calls():
     (apt,) = [args for instruction, args in instructions() if instruction == "RUN" and "apt-get install" in args]
     packages = set(re.search(r"apt-get install ([^&]*)", apt)[1].split())
     assert {"iproute2", "procps", "python3", "python3-venv"} <= packages  # ip and ss for scripts/run_ddp_train.sh
+
+
+def test_the_image_has_the_verbs_libraries_nccl_needs_for_infiniband():
+    (apt,) = [args for instruction, args in instructions() if instruction == "RUN" and "apt-get install" in args]
+    packages = set(re.search(r"apt-get install ([^&]*)", apt)[1].split())
+    # Without them NCCL falls back to TCP sockets, even with `docker run --device /dev/infiniband`.
+    assert {"libibverbs1", "ibverbs-providers"} <= packages
+
+
+def written_at_run_time() -> set[str]:
+    """The directories, relative to the project, that training writes into: the logger's (checkpoints too), the
+    node logs' and the seq2seq corpus'."""
+    ddp = yaml.safe_load((REPO / "configs" / "ddp.yaml").read_text())
+    settings = (REPO / "scripts" / "cluster.env").read_text().splitlines()
+    node_logs = [line.split("=", 1)[1] for line in settings if line.startswith("LOG_DIR=")]
+    seq2seq = yaml.safe_load((REPO / "configs" / "seq2seq.yaml").read_text())["data"]["init_args"]
+    corpus = seq2seq.get("data_dir", inspect.signature(Seq2SeqDataModule).parameters["data_dir"].default)
+    return {ddp["trainer"]["logger"]["init_args"]["save_dir"], *node_logs, corpus}
+
+
+def test_the_user_owns_every_directory_training_writes_and_nothing_else():
+    steps = instructions()
+    workdir = PurePosixPath(dict(steps)["WORKDIR"])
+    (user,) = [re.search(r"useradd ([^&;]*)", args)[1].split()[-1] for _, args in steps if "useradd" in args]
+    owned = set()
+    # Ownership given before `COPY . .` could be taken back by it.
+    for instruction, args in steps[steps.index(("COPY", ". .")) :]:
+        if instruction == "RUN":
+            for paths in re.findall(rf"chown (?:-R )?{user}(?::{user})? ([^&;]+)", args):
+                owned |= {workdir / path for path in paths.split()}
+    for directory in written_at_run_time():
+        path = workdir / directory
+        assert any(path == mine or mine in path.parents for mine in owned), f"{path} is not {user}'s in the image"
+    assert workdir not in owned, "the code should stay root's, out of reach of training"
 
 
 def test_it_runs_cli_py_as_a_non_root_user():

@@ -1,17 +1,21 @@
-"""scripts/doctor.sh on two nodes over loopback, the collectives it verifies, and its bandwidth benchmark."""
+"""scripts/doctor.sh on two nodes over loopback and on GPUs, the collectives it verifies, and its bandwidth
+benchmark."""
 
 import csv
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed import HashStore
 
-from scripts.doctor import check_collectives
-from tests.helpers import copy_project, free_port, launcher_env
+from scripts import comm_bench, gpu_check
+from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
+from tests.helpers import copy_project, free_port, launcher_env, needs_gpus
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce", "send/recv")
 
@@ -32,6 +36,25 @@ def two_nodes(root, gpus: str, worker_extra: tuple[str, ...] = (), **settings: s
     worker = doctor(nodes[1], gpus, 1, *worker_extra, **settings)
     master = doctor(nodes[0], gpus, 0, **settings)
     return [(p.wait(timeout=600), p.stdout.read()) for p in (master, worker)]
+
+
+def one_node(root, gpus: str) -> tuple[str, list[dict[str, str]]]:
+    """A healthy run of the doctor with the benchmark on one node: its output and the benchmark's rows."""
+    node = copy_project(root / "node0")
+    process = doctor(node, gpus, 0, MASTER_PORT=str(free_port()), NUM_NODES="1", BENCH="1", BENCH_MAX_MB="1")
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output
+    assert output.rstrip().endswith("ok    the doctor found nothing wrong"), output
+    with open(node / "logs" / "nodes" / "doctor" / "comm_bench.csv") as file:
+        return output, list(csv.DictReader(file))
+
+
+@pytest.fixture
+def alone():
+    """A gloo process group of this process alone."""
+    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -94,20 +117,140 @@ def test_benchmark_writes_a_table_csv_json_and_plot(healthy):
     assert not (root / "node1" / "logs" / "nodes" / "doctor").exists(), "a worker wrote benchmark files"
 
 
-def test_a_collective_with_a_wrong_result_is_reported(monkeypatch):
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
-    try:
-        real_all_reduce = dist.all_reduce
+def test_a_collective_with_a_wrong_result_is_reported(alone, monkeypatch):
+    real_all_reduce = dist.all_reduce
 
-        def off_by_one(tensor, *args, **kwargs):
-            real_all_reduce(tensor, *args, **kwargs)
-            tensor.add_(1)
+    def off_by_one(tensor, *args, **kwargs):
+        real_all_reduce(tensor, *args, **kwargs)
+        tensor.add_(1)
 
-        monkeypatch.setattr(dist, "all_reduce", off_by_one)
-        problems = check_collectives(0, 1, torch.device("cpu"))
-    finally:
-        dist.destroy_process_group()
+    monkeypatch.setattr(dist, "all_reduce", off_by_one)
+    problems = check_collectives(0, 1, torch.device("cpu"))
     assert problems["all_reduce"] == "rank 0 got [2.0, 2.0, 2.0], expected 1.0"
     assert {name: text for name, text in problems.items() if name != "all_reduce"} == dict.fromkeys(
         ["broadcast", "scatter", "gather", "reduce", "all_gather"], ""
     )
+
+
+def test_the_ring_sends_to_the_next_rank_and_receives_from_the_previous_in_one_batch(alone, monkeypatch):
+    batches = []
+
+    def deliver(batch):
+        batches.append(sorted((op.op.__name__, op.peer, op.tensor.tolist()) for op in batch))
+        for op in batch:
+            if op.op is dist.irecv:
+                op.tensor.fill_(op.peer)  # what the previous rank sends: its number
+        return []
+
+    # A lone isend or irecv here would fail: this process is rank 0 of 1, and rank 2 of 3 to the ring.
+    monkeypatch.setattr(dist, "batch_isend_irecv", deliver)
+    received = ring(2, 3, torch.device("cpu"))
+    assert batches == [[("irecv", 1, [-1.0] * 3), ("isend", 0, [2.0] * 3)]]
+    assert received.tolist() == [1.0] * 3
+
+
+def ring_member(rank: int, world: int, out_dir: Path) -> None:
+    """One process of a gloo group running the doctor's collectives, recording its batches of sends and receives."""
+    batches = []
+    batch_isend_irecv = dist.batch_isend_irecv
+
+    def recorded(batch):
+        batches.append(sorted((op.op.__name__, op.peer) for op in batch))
+        return batch_isend_irecv(batch)
+
+    dist.batch_isend_irecv = recorded
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out_dir / 'store'}", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    )
+    problems = check_collectives(rank, world, torch.device("cpu"))
+    dist.destroy_process_group()
+    (out_dir / f"rank{rank}.json").write_text(json.dumps({"problems": problems, "batches": batches}))
+
+
+@pytest.mark.distributed
+def test_the_ring_of_two_processes_sends_to_and_receives_from_the_same_peer(tmp_path):
+    # The run of two nodes above has a ring of four; with two, each process's next is also its previous.
+    mp.start_processes(ring_member, args=(2, tmp_path), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert record["problems"] == dict.fromkeys(COLLECTIVES, ""), record
+        assert record["batches"] == [[["irecv", 1 - rank], ["isend", 1 - rank]]]
+
+
+@pytest.mark.parametrize("torch_has", ["all_gather_single", "all_gather_into_tensor"])
+def test_all_gather_is_measured_into_one_tensor_per_message_size(torch_has, alone, monkeypatch):
+    calls = []
+
+    def gather(output, chunk):
+        calls.append((torch_has, output, chunk))
+
+    def refuse(name: str):
+        def call(*args, **kwargs):
+            raise AssertionError(f"all_gather measured with {name}")
+
+        return call
+
+    if torch_has == "all_gather_into_tensor":
+        monkeypatch.delattr(dist, "all_gather_single", raising=False)  # torch before 2.13
+    else:  # deprecated where all_gather_single exists
+        monkeypatch.setattr(dist, "all_gather_into_tensor", refuse("all_gather_into_tensor"))
+    monkeypatch.setattr(dist, torch_has, gather, raising=False)
+    monkeypatch.setattr(dist, "all_gather", refuse("a list"))
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)  # each process gathers a quarter
+    rows = comm_bench.run(4096, torch.device("cpu"))
+    sizes = [row["bytes"] for row in rows if row["operation"] == "all_gather"]
+    outputs = {id(output): output for _, output, _ in calls}
+    assert sorted(output.numel() * 4 for output in outputs.values()) == sizes == [1024, 4096]
+    assert all(name == torch_has and output.numel() == 4 * chunk.numel() for name, output, chunk in calls)
+
+
+@pytest.mark.parametrize(
+    ("banner", "version"),
+    [
+        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023", "535.104.05"),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build", "570.86.15"),
+        (None, "unknown"),
+    ],
+    ids=["kernel module", "open kernel module", "no driver"],
+)
+def test_the_driver_version_is_read_from_the_kernel_module(banner, version, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "DRIVER", tmp_path / "version")
+    if banner:
+        gpu_check.DRIVER.write_text(f"{banner}\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
+    assert driver_version() == version
+
+
+def check_gpu_line(output: str, gpus: int) -> None:
+    """The doctor names the driver, CUDA and NCCL versions and every GPU, as this torch sees them."""
+    line = re.search(r"^ok    NVIDIA driver (\S+), CUDA (\S+), NCCL (\S+); (\d+) visible GPU\(s\): (.+)$", output, re.M)
+    assert line, output
+    driver, cuda, nccl, visible, names = line.groups()
+    assert re.fullmatch(r"\d+\.\d+(\.\d+)?", driver), driver
+    assert (cuda, nccl) == (torch.version.cuda, ".".join(map(str, torch.cuda.nccl.version())))
+    assert int(visible) == gpus and len(names.split(", ")) == gpus and all(names.split(", ")), names
+
+
+@pytest.mark.distributed
+@needs_gpus(1)
+def test_doctor_on_one_gpu_passes_the_nccl_checks_and_measures_bandwidth(tmp_path):
+    output, rows = one_node(tmp_path, "0")
+    check_gpu_line(output, 1)
+    for name in set(COLLECTIVES) - {"send/recv"}:  # a process alone has no ring
+        assert f"ok    {name} on 1 processes (nccl)" in output
+    assert {row["operation"] for row in rows} == set(comm_bench.OPERATIONS)
+    for row in rows:
+        algbw, busbw = float(row["algbw_GBps"]), float(row["busbw_GBps"])
+        # One process moves nothing over a bus but for broadcast, whose bus bandwidth is its algorithm bandwidth.
+        assert algbw > 0 and busbw == pytest.approx(algbw * comm_bench.bus_factor(row["operation"], 1))
+    assert re.search(r"^broadcast\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", output, re.M)
+
+
+@pytest.mark.distributed
+@needs_gpus(2)
+def test_doctor_on_two_gpus_passes_the_nccl_ring_and_measures_bandwidth(tmp_path):
+    output, rows = one_node(tmp_path, "0,1")
+    check_gpu_line(output, 2)
+    for name in COLLECTIVES:
+        assert f"ok    {name} on 2 processes (nccl)" in output
+    assert {row["operation"] for row in rows} == set(comm_bench.OPERATIONS)
+    assert all(float(row["busbw_GBps"]) > 0 and row["processes"] == "2" for row in rows), rows

@@ -48,7 +48,7 @@ def test_two_hosts_in_network_namespaces(tmp_path, two_hosts):
     assert "Process group started: gloo, 4 processes" in master_output
     for output, host in ((master_output, master_host), (worker_output, worker_host)):
         assert f"GLOO_SOCKET_IFNAME={host['interface']}" in output
-        assert f"NCCL_SOCKET_IFNAME={host['interface']}" in output
+        assert f"NCCL_SOCKET_IFNAME=={host['interface']}" in output
     assert any(p.startswith("logs/toy/default/checkpoints/") for p in written_files(nodes[0]))
     assert written_files(nodes[1]) == ["logs/nodes/node1.log"]
     node_log = (nodes[1] / "logs" / "nodes" / "node1.log").read_text()

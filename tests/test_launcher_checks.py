@@ -3,14 +3,17 @@ wrong host, and the dry run. No training process starts here; tests/test_launche
 
 import os
 import re
+import shlex
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
+from scripts import gpu_check
 from tests.helpers import copy_project, free_port, launch, launcher_env
 
 
@@ -19,27 +22,38 @@ def node(tmp_path_factory):
     return copy_project(tmp_path_factory.mktemp("node"))
 
 
+GPU_UUIDS = ["GPU-8932f937-d72c-4106-c12f-20bd9faed9f6", "GPU-5c7a2e10-4b1d-9f3e-0a6b-7d8e9f0a1b2c"]
+MIG_IDS = ["MIG-c7384736-a75d-5afc-978f-d2f1294409fd", "MIG-GPU-8932f937-d72c-4106-c12f-20bd9faed9f6/1/0"]
+# Empty means unset to the launcher: what the test machine's environment sets must not leak into a case.
+NOT_SET = {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": ""}
+
 # The cases that get as far as parsing the config, which imports Lightning: a few seconds each.
 PARSING = {
     "dry run, GPUs": (
         ("2,3", "0", "--trainer.max_epochs=7"),
-        {"DRY_RUN": "1", "SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"},
+        {"DRY_RUN": "1", "SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", **NOT_SET},
     ),
     "dry run, torchrun": (
         ("cpu:3", "0"),
-        {"DRY_RUN": "1", "NCCL_SOCKET_IFNAME": "^docker", "LAUNCHER": "torchrun", "MAX_RESTARTS": "2"},
+        {"DRY_RUN": "1", "NCCL_SOCKET_IFNAME": "^docker", "LAUNCHER": "torchrun", "MAX_RESTARTS": "2"}
+        | {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
     ),
+    "GPUs a scheduler gave": (("0,1", "0"), {"DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "2,3"}),
+    "one of the GPUs a scheduler gave": (("1", "0"), {"DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "2,3"}),
+    "GPU UUIDs": ((",".join(GPU_UUIDS), "0"), {"DRY_RUN": "1", **NOT_SET}),
+    "MIG devices": ((",".join(MIG_IDS), "0"), {"DRY_RUN": "1", **NOT_SET}),
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
     "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
-    "GPUs this node lacks": (("0,1", "0"), {}),
+    "GPUs this node lacks": (("0,1", "0"), {"CUDA_VISIBLE_DEVICES": ""}),
     "unreachable master": (("cpu:1", "1"), {"NUM_NODES": "2", "MASTER_PORT": str(free_port()), "CONNECT_TIMEOUT": "3"}),
 }
 
 
 @pytest.fixture(scope="module")
 def parsed(node):
-    """Every case of PARSING, started together so their imports share the cores: (status, stdout, stderr, seconds)."""
+    """Every case of PARSING, started together so their imports share the cores: (status, stdout, stderr, seconds
+    it ran)."""
     started = time.monotonic()
     processes = {
         case: subprocess.Popen(
@@ -51,10 +65,13 @@ def parsed(node):
         )
         for case, (args, settings) in PARSING.items()
     }
-    results = {}
-    for case, process in processes.items():
+
+    def finish(process: subprocess.Popen) -> tuple[int, str, str, float]:
         out, err = process.communicate(timeout=600)
-        results[case] = (process.returncode, out, err, time.monotonic() - started)
+        return process.returncode, out, err, time.monotonic() - started
+
+    with ThreadPoolExecutor(len(processes)) as pool:
+        results = dict(zip(processes, pool.map(finish, processes.values()), strict=True))
     assert not (node / "logs").exists(), "something was launched or logged"
     return results
 
@@ -71,11 +88,15 @@ def failed(parsed: dict, case: str) -> str:
     return err
 
 
+def exported(out: str) -> dict[str, str]:
+    """The variables a dry run exports, as the shell reads them."""
+    return dict(shlex.split(line)[1].split("=", 1) for line in out.splitlines() if line.startswith("export "))
+
+
 def test_dry_run_prints_the_environment_and_command_for_gpus(parsed):
     out = succeeded(parsed, "dry run, GPUs")
-    assert "export CUDA_VISIBLE_DEVICES=2,3" in out
-    assert "export NCCL_SOCKET_IFNAME=lo" in out and "export GLOO_SOCKET_IFNAME=lo" in out
-    assert "export NCCL_IB_DISABLE=1" in out and "export NODE_RANK=0" in out
+    env = exported(out)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["NCCL_IB_DISABLE"] == "1" and env["NODE_RANK"] == "0"
     assert "unset LOCAL_RANK RANK WORLD_SIZE" in out
     command = out.strip().splitlines()[-1]
     assert command.endswith(
@@ -83,10 +104,40 @@ def test_dry_run_prints_the_environment_and_command_for_gpus(parsed):
     )
 
 
+def test_nccl_gets_exactly_the_interface_the_launcher_picks_and_gloo_its_name(parsed):
+    # From SOCKET_IFNAME, and from the route to MASTER_ADDR (127.0.0.1: lo). A plain lo would be a prefix to NCCL.
+    for case in ("dry run, GPUs", "GPU UUIDs"):
+        env = exported(succeeded(parsed, case))
+        assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("=lo", "lo"), case
+
+
+def test_cuda_counts_gpus_as_nvidia_smi_does_unless_told_otherwise(parsed):
+    assert exported(succeeded(parsed, "dry run, GPUs"))["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert exported(succeeded(parsed, "dry run, torchrun"))["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+
+
+def test_gpus_pick_by_position_from_the_gpus_a_scheduler_gave(parsed):
+    out = succeeded(parsed, "GPUs a scheduler gave")
+    assert exported(out)["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "GPUS=0,1 picks from CUDA_VISIBLE_DEVICES=2,3, set before the launcher started" in out
+    assert "training uses 2,3" in out
+    out = succeeded(parsed, "one of the GPUs a scheduler gave")
+    assert exported(out)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert out.strip().splitlines()[-1].endswith("--trainer.accelerator=gpu --trainer.devices=1")
+
+
+def test_gpu_uuids_and_mig_devices_are_gpu_ids(parsed):
+    for case, ids in (("GPU UUIDs", GPU_UUIDS), ("MIG devices", MIG_IDS)):
+        out = succeeded(parsed, case)
+        assert exported(out)["CUDA_VISIBLE_DEVICES"] == ",".join(ids)
+        assert out.strip().splitlines()[-1].endswith("--trainer.accelerator=gpu --trainer.devices=2"), case
+
+
 def test_dry_run_keeps_an_explicit_nccl_interface_and_builds_the_torchrun_command(parsed):
     out = succeeded(parsed, "dry run, torchrun")
-    assert "export NCCL_SOCKET_IFNAME=\\^docker" in out and "export GLOO_SOCKET_IFNAME=lo" in out
-    assert "export CUDA_VISIBLE_DEVICES=''" in out
+    env = exported(out)
+    assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("^docker", "lo")
+    assert env["CUDA_VISIBLE_DEVICES"] == "", "cpu:N must hide every GPU, the scheduler's too"
     command = out.strip().splitlines()[-1]
     assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=3 --rdzv-backend=c10d" in command
     assert "--rdzv-endpoint=127.0.0.1:29500" in command and "--max-restarts=2" in command
@@ -126,9 +177,19 @@ def test_gpu_ids_the_node_lacks_stop_before_launch_naming_what_it_has(parsed):
     assert "Traceback" not in err
 
 
+def test_gpu_check_says_a_process_sees_one_mig_device(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(MIG_IDS))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    why = gpu_check.problem(2)
+    assert why.startswith(f"the GPU list names 2 GPU(s) (CUDA_VISIBLE_DEVICES={','.join(MIG_IDS)}), but torch sees 1")
+    assert "CUDA shows a process only the first MIG device of its list" in why and why.endswith("Nothing was launched.")
+
+
 def test_unreachable_master_fails_after_the_timeout(parsed):
     err = failed(parsed, "unreachable master")
-    assert parsed["unreachable master"][3] < 150  # CONNECT_TIMEOUT of scripts/cluster.env: 300
+    # How much longer it ran than a case that stops right after the same parse: the wait, under CONNECT_TIMEOUT=3
+    # rather than the 300 of scripts/cluster.env.
+    assert parsed["unreachable master"][3] - parsed["rank 1 of 1 node"][3] < 150
     assert re.search(r"node 1 cannot reach the master at 127\.0\.0\.1:\d+ after 3s", err)
     assert "open in the master's firewall" in err
 
@@ -156,15 +217,43 @@ def fails(node: Path, gpus: str, rank: str, *extra: str, timeout: float = 300, *
     return done.stderr
 
 
-@pytest.mark.parametrize("gpus", ["abc", "0,,1", "-1", "0;1", "cpu:0", "cpu:x", "gpu:2", ""])
+@pytest.mark.parametrize(
+    "gpus", ["abc", "0,,1", "-1", "0;1", "cpu:0", "cpu:x", "gpu:2", "", "GPU-", "GPU-xyz", "MIG-GPU-8932f937/1"]
+)
 def test_bad_gpu_list_is_rejected(node, gpus):
     err = fails(node, gpus, "0")
-    assert f"GPUS={gpus} is neither a comma-separated list of GPU ids (e.g. 0,1) nor cpu:N" in err
+    assert f"GPUS={gpus} is neither a comma-separated list of GPU ids (e.g. 0,1) or UUIDs (GPU-..., MIG-..." in err
 
 
-def test_duplicate_gpu_ids_are_named(node):
-    err = fails(node, "0,1,0,3,3", "0")
-    assert "GPUS=0,1,0,3,3 lists GPU 0,3 more than once" in err
+@pytest.mark.parametrize("gpus", ["0,1,0,3,3", f"{GPU_UUIDS[0]},{GPU_UUIDS[1]},{GPU_UUIDS[0]}"])
+def test_duplicate_gpu_ids_are_named(node, gpus):
+    repeated = "0,3" if gpus[0] == "0" else GPU_UUIDS[0]
+    assert f"GPUS={gpus} lists GPU {repeated} more than once" in fails(node, gpus, "0")
+
+
+def test_a_gpu_beyond_those_a_scheduler_gave_stops_naming_both(node):
+    err = fails(node, "2", "0", CUDA_VISIBLE_DEVICES="2,3")
+    assert "GPUS=2 asks for GPU 2, but CUDA_VISIBLE_DEVICES=2,3, set before the launcher started" in err
+    assert "holds 2 GPU(s)" in err and "(GPUS=0 means GPU 2), so use ids 0..1" in err
+    assert err.strip().endswith("Nothing was launched.")
+
+
+def test_a_uuid_the_scheduler_did_not_give_stops(node):
+    err = fails(node, GPU_UUIDS[1], "0", CUDA_VISIBLE_DEVICES=GPU_UUIDS[0])
+    assert f"GPUS={GPU_UUIDS[1]} names {GPU_UUIDS[1]}, which CUDA_VISIBLE_DEVICES={GPU_UUIDS[0]}," in err
+
+
+@pytest.mark.parametrize("inherited", ["NoDevFiles", "-1", "0,,1", "2,2", "GPU-xyz"])
+def test_a_gpu_list_from_a_scheduler_that_cuda_cannot_read_stops(node, inherited):
+    err = fails(node, "0", "0", CUDA_VISIBLE_DEVICES=inherited)
+    assert f"CUDA_VISIBLE_DEVICES={inherited}, set before the launcher started" in err
+    assert "is not a comma-separated list of distinct GPU ids or UUIDs, so GPUS=0 cannot pick GPUs from it" in err
+
+
+@pytest.mark.parametrize("name", ["^docker", "=eth0", "eth0 eth1"])
+def test_socket_ifname_must_name_interfaces(node, name):
+    err = fails(node, "cpu:1", "0", SOCKET_IFNAME=name)
+    assert f"SOCKET_IFNAME={name} is not an interface name" in err and "set NCCL_SOCKET_IFNAME itself" in err
 
 
 @pytest.mark.parametrize("rank", ["x", "-1", "1.5"])

@@ -1,19 +1,46 @@
-"""The seq2seq Transformer: masks, greedy decoding, the LR schedule, and learning a small batch by heart."""
+"""The seq2seq Transformer: masks, greedy decoding, the LR schedule, learning a small batch by heart, and steps
+that a GPU runs deterministically without waiting on the CPU."""
+
+import inspect
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 
 from data.seq2seq import BOS, EOS, PAD, collate
-from models import Seq2SeqTransformer
-from models.seq2seq import warmup_then_inverse_sqrt
+from models import Seq2SeqTransformer, seq2seq
+from models.seq2seq import sinusoidal_positions, warmup_then_inverse_sqrt
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, needs_gpus, run_script
 
 SMALL = {"vocab_size": 12, "d_model": 32, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1}
+# On a GPU, reading a value back (int(), .item(), if on a tensor) makes the CPU wait for everything queued.
+READ_BACK = "aten::_local_scalar_dense"
 
 
 def tiny_model(**kwargs) -> Seq2SeqTransformer:
     torch.manual_seed(0)
     return Seq2SeqTransformer(**{**SMALL, "dim_feedforward": 64, "dropout": 0.0, **kwargs}).eval()
+
+
+def training_model() -> Seq2SeqTransformer:
+    """A tiny model whose ``training_step`` runs without a Trainer: Lightning's logging is left out."""
+    model = tiny_model(label_smoothing=0.1).train()
+    model.log = lambda *args, **kwargs: None
+    return model
+
+
+def padded_batch() -> dict[str, torch.Tensor]:
+    return collate([(0, [4, 5], [BOS, 7, EOS]), (1, [4, 5, 6, 7, 8], [BOS, 7, 8, 9, 10, EOS])])
+
+
+def dispatched(run):
+    """``run()``'s result and the names of the ATen operators it dispatched on the CPU, nested ones included."""
+    with profile(activities=[ProfilerActivity.CPU]) as recorded:
+        result = run()
+    return result, [event.name for event in recorded.events()]
 
 
 def test_a_target_position_does_not_see_later_positions():
@@ -86,3 +113,111 @@ def test_the_model_learns_a_small_batch_to_exact_match():
     assert torch.equal(decoded, labels)
     capped = model.generate(batch["source"], batch["source_padding_mask"], max_length=3)
     assert torch.equal(capped, labels[:, :3])
+
+
+def test_the_training_loss_runs_on_flat_logits_with_the_value_of_the_per_sequence_form():
+    # On (batch, vocabulary, length) logits cross-entropy dispatches nll_loss2d, whose CUDA forward has no
+    # deterministic version: trainer.deterministic would stop a GPU run at its first step.
+    model, batch = training_model(), padded_batch()
+    loss, ops = dispatched(lambda: model.training_step(batch, 0))
+    assert "aten::nll_loss_forward" in ops and "aten::nll_loss2d_forward" not in ops
+    logits = model(batch["source"], batch["source_padding_mask"], batch["target"], batch["target_padding_mask"])
+    labels = batch["target"][:, 1:]
+    per_sequence = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=PAD, label_smoothing=0.1)
+    torch.testing.assert_close(loss, per_sequence)
+
+
+def test_a_training_step_reads_nothing_back_and_decoding_only_its_stop_check():
+    model, batch = training_model(), padded_batch()
+    _, ops = dispatched(lambda: model.training_step(batch, 0).backward())
+    assert READ_BACK not in ops
+    model.eval()
+    tokens, ops = dispatched(lambda: model.generate(batch["source"], batch["source_padding_mask"], max_length=6))
+    # Once per token, whether every sequence has ended; position codes read nothing.
+    assert ops.count(READ_BACK) == tokens.size(1)
+
+
+def test_position_codes_are_the_rows_of_a_table_sized_by_the_largest_position():
+    # The tables are sized from tensor shapes, no longer by the largest position; the codes must not change, so
+    # trained checkpoints behave as before.
+    table = sinusoidal_positions(512, 128, torch.device("cpu"))
+    assert all(torch.equal(sinusoidal_positions(n, 128, torch.device("cpu")), table[:n]) for n in range(1, 512, 37))
+
+    model, batch = tiny_model(), padded_batch()
+    embedded = []
+    model.dropout.register_forward_hook(lambda module, args, output: embedded.append(output))
+    model(batch["source"], batch["source_padding_mask"], batch["target"], batch["target_padding_mask"])
+    tokens = model.generate(batch["source"], batch["source_padding_mask"], max_length=6)
+
+    def sized_by_largest_position(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        code = sinusoidal_positions(int(positions.max()) + 1, model.hparams.d_model, ids.device)
+        return model.embedding(ids) + code[positions]
+
+    lengths = (~batch["source_padding_mask"]).sum(dim=1, keepdim=True)
+    source = sized_by_largest_position(
+        batch["source"], (lengths - 1 - torch.arange(batch["source"].size(1))).clamp(min=0)
+    )
+    decoder_input = batch["target"][:, :-1]
+    expected = [source, sized_by_largest_position(decoder_input, torch.arange(decoder_input.size(1))), source]
+    inputs = torch.cat([torch.full((2, 1), BOS), tokens], dim=1)
+    expected += [sized_by_largest_position(inputs[:, step : step + 1], torch.tensor([step])) for step in range(6)]
+    assert len(embedded) == len(expected)
+    assert all(torch.equal(got, want) for got, want in zip(embedded, expected, strict=True))
+
+
+@needs_gpus(1)
+def test_a_gpu_run_with_deterministic_algorithms_trains_and_validates(tmp_path):
+    # A process of its own: deterministic algorithms are a process-wide setting, and torch reads
+    # CUBLAS_WORKSPACE_CONFIG (which trainer.deterministic sets) at the first matrix product only.
+    small = {"num_pairs": 330, "max_digits": 3, "val_fraction": 0.1, "batch_size": 16}
+    result = run_script(
+        [
+            str(REPO / "cli.py"),
+            "fit",
+            "-c",
+            DDP_YAML,
+            "-c",
+            str(REPO / "configs" / "seq2seq.yaml"),
+            *SINGLE_PROCESS,
+            *(f"--data.init_args.{key}={value}" for key, value in small.items()),
+            "--model.init_args.d_model=32",
+            "--model.init_args.label_smoothing=0.1",
+            "--trainer.accelerator=gpu",
+            "--trainer.deterministic=true",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert list((tmp_path / "logs").rglob("last.ckpt"))
+
+
+@needs_gpus(1)
+def test_on_a_gpu_no_line_of_the_model_waits_for_it_but_the_stop_check_of_decoding():
+    model = training_model().cuda()
+    batch = {name: tensor.cuda() for name, tensor in padded_batch().items()}
+    model.training_step(batch, 0)  # CUDA's set-up on first use is not the model's to check
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model.training_step(batch, 0)
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+    # Decoding waits once per token to know whether every sequence has ended, so here waits are recorded, not
+    # refused, and each is traced to the line of the model that waited.
+    model.eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            model.generate(batch["source"], batch["source_padding_mask"], max_length=6)
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    lines, first = inspect.getsourcelines(Seq2SeqTransformer.generate)
+    stop_check = first + next(i for i, line in enumerate(lines) if "done.all()" in line)
+    waited = {
+        w.lineno for w in caught if "synchronizing" in str(w.message) and Path(w.filename) == Path(seq2seq.__file__)
+    }
+    assert waited == {stop_check}
