@@ -19,6 +19,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture(autouse=True)
+def environment_restored():
+    """Lightning's launcher writes LOCAL_RANK, MASTER_PORT, OMP_NUM_THREADS, ... into the environment of the process
+    that runs it. After an in-process run, every job a later test of this worker starts would inherit them: its
+    rank 0, finding LOCAL_RANK, would start no other process and wait for them until its join timeout."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
 def no_process_outlives_its_test(tmp_path_factory):
     """A failed test may leave a launch training; stop it before it slows down every test after it."""
     yield
