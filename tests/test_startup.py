@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import HashStore
 
-from tests.helpers import copy_project, free_port, launch
+from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, run_script
 from training.startup import Member, StartupError, handshake
 
 FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
@@ -126,6 +126,17 @@ def test_a_master_without_its_worker_stops_after_the_join_timeout(tmp_path):
         output
     )
     assert "Traceback" not in output
+
+
+@pytest.mark.distributed
+def test_a_local_rank_left_in_the_environment_is_named_when_the_other_processes_never_come(tmp_path):
+    # As after `export LOCAL_RANK=0` from a hand-written launch script: Lightning starts no second process.
+    args = [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.strategy.init_args.join_timeout=0:00:03"]
+    result = run_script(args, cwd=tmp_path, env={"LOCAL_RANK": "0", "MASTER_PORT": str(free_port())})
+    assert result.returncode == 1
+    assert "only 1 of 2 processes joined within 0:00:03; node 0 lacks local rank 1" in result.stderr
+    assert "Node 0 was started with LOCAL_RANK=0 in its environment, so Lightning started no other" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.distributed

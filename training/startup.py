@@ -66,19 +66,20 @@ def handshake(
     address: str,
     leader: bool,
     fail_fast: bool = True,
+    advice: str = "",
 ) -> Roster:
     """Report ``me`` and return the roster of the whole job, or raise StartupError.
 
     ``leader`` (global rank 0) waits up to ``timeout`` for ``num_nodes * devices`` processes; a missing one
     raises. With ``fail_fast`` the first process that disagrees raises at once; otherwise the leader waits
     for all and the roster names every difference. The other processes receive the leader's verdict, so
-    every node stops with the same words.
+    every node stops with the same words. ``advice`` ends the leader's paragraph on missing processes.
     """
     index = store.add(f"{PREFIX}/count", 1) - 1
     store.set(f"{PREFIX}/member/{index}", json.dumps(asdict(me)))
     if leader:
         try:
-            roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast)
+            roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast, advice)
         except StartupError as error:
             store.set(f"{PREFIX}/verdict", json.dumps({"error": str(error)}))
             _await_readers(store)
@@ -117,7 +118,14 @@ def describe(roster: Roster) -> str:
 
 
 def _gather(
-    store: Store, leader: Member, num_nodes: int, devices: int, timeout: timedelta, address: str, fail_fast: bool
+    store: Store,
+    leader: Member,
+    num_nodes: int,
+    devices: int,
+    timeout: timedelta,
+    address: str,
+    fail_fast: bool,
+    advice: str,
 ) -> Roster:
     expected = {(node, local) for node in range(num_nodes) for local in range(devices)}
     arrived: dict[tuple[int, int], Member] = {}
@@ -140,7 +148,7 @@ def _gather(
             members = sorted(everyone, key=lambda m: (m.node_rank, m.local_rank, m.pid))
             return Roster(members, problems)
         if time.monotonic() > deadline:
-            raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems))
+            raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems) + advice)
         time.sleep(0.05)
 
 

@@ -11,6 +11,7 @@ import lightning
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Trainer
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import PrefixStore, Store, TCPStore
@@ -48,6 +49,8 @@ class DDPStrategy(LightningDDPStrategy):
         self.join_timeout = join_timeout
         self.startup_facts: dict[str, Any] = {}
         self.checkpoint_problem = ""
+        # Read before Lightning's launcher sets it: given by the user, it means the processes are started outside.
+        self.local_rank_given = os.environ.get("LOCAL_RANK")
 
     def setup_distributed(self) -> None:
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
@@ -133,6 +136,7 @@ class DDPStrategy(LightningDDPStrategy):
                 timeout=self.join_timeout,
                 address=address,
                 leader=self.global_rank == 0,
+                advice=self._started_outside_advice(),
             )
         except StartupError:
             # The processes Lightning started on this node may still be importing: they would only wait
@@ -143,6 +147,18 @@ class DDPStrategy(LightningDDPStrategy):
         hosts = dict.fromkeys(member.where for member in roster.members)
         rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
+
+    def _started_outside_advice(self) -> str:
+        # A LOCAL_RANK left in a shell (hand-written launch scripts export it) makes Lightning start no process
+        # but this one on the node and wait for the others to be started by hand.
+        if self.local_rank_given is None or not isinstance(self.cluster_environment, LightningEnvironment):
+            return ""
+        return (
+            f" Node {self.node_rank} was started with LOCAL_RANK={self.local_rank_given} in its environment, so"
+            " Lightning started no other process there and expected each to be started by hand: unset LOCAL_RANK"
+            " (and WORLD_SIZE, NODE_RANK) to have it start one process per device, or start them with"
+            " scripts/run_ddp_train.sh."
+        )
 
     def _connect(self, host: str, port: int, address: str) -> Store:
         # Under torchrun every process is a client of the agent's store, which outlives a restart of the
