@@ -130,10 +130,15 @@ pick_inherited_gpus() {
 }
 
 # Validate GPUS NODE_RANK [cli.py arguments...] and the settings, check the network to the master, then
-# parse the config (the one slow check: it imports Lightning); stop with the problem and its fix before
-# anything starts. Sets GPUS, NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args,
-# master_ip, interface, resolved (the config as YAML) and num_nodes.
+# parse the config; stop with the problem and its fix before anything starts.
 prepare_node() {
+    validate_node "$@"
+    parse_config
+}
+
+# Every check of prepare_node but the config's, which imports Lightning: the fast ones, in bash alone. Sets GPUS,
+# NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args, master_ip and interface.
+validate_node() {
     (($# >= 2)) || usage
     GPUS=$1
     NODE_RANK=$2
@@ -205,8 +210,11 @@ prepare_node() {
         [[ -z $holder ]] \
             || die "MASTER_PORT $MASTER_PORT is already in use on the master, by $holder, perhaps an earlier run still going. Stop it, or choose another free port as MASTER_PORT in $CLUSTER_ENV (the same on every node). Nothing was launched."
     fi
+}
 
-    # Parse the whole config now, so a mistake stops every node before anything starts.
+# Parse the whole config now, so a mistake stops every node before anything starts. Sets resolved (the config
+# as YAML) and num_nodes.
+parse_config() {
     resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
         || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."
     num_nodes=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["trainer"]["num_nodes"])' <<<"$resolved")

@@ -27,7 +27,9 @@ MIG_IDS = ["MIG-c7384736-a75d-5afc-978f-d2f1294409fd", "MIG-GPU-8932f937-d72c-41
 # Empty means unset to the launcher: what the test machine's environment sets must not leak into a case.
 NOT_SET = {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": ""}
 
-# The cases that get as far as parsing the config, which imports Lightning: a few seconds each.
+# The cases that get as far as parsing the config, which imports Lightning: a few seconds each. What the launcher
+# makes of GPUS and the settings before that is checked in bash alone (validated below); the two dry runs show
+# that it is what the launcher exports and runs.
 PARSING = {
     "dry run, GPUs": (
         ("2,3", "0", "--trainer.max_epochs=7"),
@@ -38,10 +40,6 @@ PARSING = {
         {"DRY_RUN": "1", "NCCL_SOCKET_IFNAME": "^docker", "LAUNCHER": "torchrun", "MAX_RESTARTS": "2"}
         | {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
     ),
-    "GPUs a scheduler gave": (("0,1", "0"), {"DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "2,3"}),
-    "one of the GPUs a scheduler gave": (("1", "0"), {"DRY_RUN": "1", "CUDA_VISIBLE_DEVICES": "2,3"}),
-    "GPU UUIDs": ((",".join(GPU_UUIDS), "0"), {"DRY_RUN": "1", **NOT_SET}),
-    "MIG devices": ((",".join(MIG_IDS), "0"), {"DRY_RUN": "1", **NOT_SET}),
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
     "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
@@ -93,6 +91,32 @@ def exported(out: str) -> dict[str, str]:
     return dict(shlex.split(line)[1].split("=", 1) for line in out.splitlines() if line.startswith("export "))
 
 
+# The launcher's steps up to the config's parse, then what they would export and the cli.py arguments, last.
+UP_TO_THE_PARSE = """set -euo pipefail
+source scripts/common.sh
+validate_node "$@"
+export_node_environment
+apply_exports
+printf 'export %s\\n' "${exports[@]}"
+echo "cli.py ${cli_args[*]}"
+"""
+
+
+def validated(node: Path, gpus: str, rank: str, **settings: str) -> tuple[dict[str, str], str]:
+    """What scripts/common.sh's validate_node makes of GPUS, NODE_RANK and the settings, without parsing the
+    config: the environment training would get, and everything printed, the cli.py arguments last."""
+    done = subprocess.run(
+        ["bash", "-c", UP_TO_THE_PARSE, "validate_node", gpus, rank],
+        cwd=node,
+        env=launcher_env(**settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return exported(done.stdout), done.stdout
+
+
 def test_dry_run_prints_the_environment_and_command_for_gpus(parsed):
     out = succeeded(parsed, "dry run, GPUs")
     env = exported(out)
@@ -104,11 +128,11 @@ def test_dry_run_prints_the_environment_and_command_for_gpus(parsed):
     )
 
 
-def test_nccl_gets_exactly_the_interface_the_launcher_picks_and_gloo_its_name(parsed):
+def test_nccl_gets_exactly_the_interface_the_launcher_picks_and_gloo_its_name(parsed, node):
     # From SOCKET_IFNAME, and from the route to MASTER_ADDR (127.0.0.1: lo). A plain lo would be a prefix to NCCL.
-    for case in ("dry run, GPUs", "GPU UUIDs"):
-        env = exported(succeeded(parsed, case))
-        assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("=lo", "lo"), case
+    from_route, _ = validated(node, ",".join(GPU_UUIDS), "0", **NOT_SET)
+    for env in (exported(succeeded(parsed, "dry run, GPUs")), from_route):
+        assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("=lo", "lo")
 
 
 def test_cuda_counts_gpus_as_nvidia_smi_does_unless_told_otherwise(parsed):
@@ -116,21 +140,21 @@ def test_cuda_counts_gpus_as_nvidia_smi_does_unless_told_otherwise(parsed):
     assert exported(succeeded(parsed, "dry run, torchrun"))["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
 
-def test_gpus_pick_by_position_from_the_gpus_a_scheduler_gave(parsed):
-    out = succeeded(parsed, "GPUs a scheduler gave")
-    assert exported(out)["CUDA_VISIBLE_DEVICES"] == "2,3"
+def test_gpus_pick_by_position_from_the_gpus_a_scheduler_gave(node):
+    env, out = validated(node, "0,1", "0", CUDA_VISIBLE_DEVICES="2,3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert "GPUS=0,1 picks from CUDA_VISIBLE_DEVICES=2,3, set before the launcher started" in out
     assert "training uses 2,3" in out
-    out = succeeded(parsed, "one of the GPUs a scheduler gave")
-    assert exported(out)["CUDA_VISIBLE_DEVICES"] == "3"
+    env, out = validated(node, "1", "0", CUDA_VISIBLE_DEVICES="2,3")
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
     assert out.strip().splitlines()[-1].endswith("--trainer.accelerator=gpu --trainer.devices=1")
 
 
-def test_gpu_uuids_and_mig_devices_are_gpu_ids(parsed):
-    for case, ids in (("GPU UUIDs", GPU_UUIDS), ("MIG devices", MIG_IDS)):
-        out = succeeded(parsed, case)
-        assert exported(out)["CUDA_VISIBLE_DEVICES"] == ",".join(ids)
-        assert out.strip().splitlines()[-1].endswith("--trainer.accelerator=gpu --trainer.devices=2"), case
+def test_gpu_uuids_and_mig_devices_are_gpu_ids(node):
+    for ids in (GPU_UUIDS, MIG_IDS):
+        env, out = validated(node, ",".join(ids), "0", **NOT_SET)
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(ids)
+        assert out.strip().splitlines()[-1].endswith("--trainer.accelerator=gpu --trainer.devices=2"), ids
 
 
 def test_dry_run_keeps_an_explicit_nccl_interface_and_builds_the_torchrun_command(parsed):
