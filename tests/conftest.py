@@ -5,10 +5,9 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-import cli
-from tests.helpers import processes_in
+# torch, Lightning and the project's modules are imported where they are used: pytest-xdist's controller loads this
+# file too, runs no test, and would only wait seconds for them before starting the workers.
 
 
 def pytest_configure(config):
@@ -16,6 +15,14 @@ def pytest_configure(config):
     # if pytest ran as one: a launcher cannot trap a signal that was ignored when it started.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The workers of pytest-xdist share the cores; with torch's thread per core in each, there are more threads
+    # than cores, and an operation keeps waiting for a thread that is not running. What the tests start keeps
+    # torch's default.
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads() // int(workers)))
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +39,8 @@ def environment_restored():
 @pytest.fixture(autouse=True)
 def no_process_outlives_its_test(tmp_path_factory):
     """A failed test may leave a launch training; stop it before it slows down every test after it."""
+    from tests.helpers import processes_in
+
     yield
     for pid in processes_in(tmp_path_factory.getbasetemp()):
         if pid != os.getpid():
@@ -42,6 +51,10 @@ def no_process_outlives_its_test(tmp_path_factory):
 @pytest.fixture
 def run_cli(tmp_path, monkeypatch):
     """Run cli.main in-process, as ``python cli.py ARGS`` from ``tmp_path``."""
+    import torch
+
+    import cli
+
     monkeypatch.chdir(tmp_path)
 
     def run(*args: str) -> cli.CLI:
