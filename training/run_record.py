@@ -46,6 +46,14 @@ class RunRecord(SaveConfigCallback):
         return self.started_at is not None and trainer.global_step > self.started_at
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.take_back(trainer)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.take_back(trainer)  # a rerun of a finished run ends here without training, and without an exception
+
+    def take_back(self, trainer: Trainer) -> None:
+        """Removes the TensorBoard file this attempt opened when it holds nothing, and the run's directory when
+        that leaves it empty: an attempt that did not train leaves the run's directory as it found it."""
         if self.already_saved or self.trained(trainer) or not trainer.is_global_zero:
             return
         for logger in trainer.loggers:
