@@ -7,7 +7,7 @@ split comes from a seeded generator in ``setup``.
 """
 
 import os
-import tempfile
+import uuid
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -147,10 +147,13 @@ class Seq2SeqDataModule(LightningDataModule):
         lines = "".join(
             f"{s}\t{t}\n" for s, t in builtin_pairs(self.hparams.num_pairs, self.hparams.max_digits, self.hparams.seed)
         )
-        # Write then rename: a reader never sees half a file, and nodes sharing a filesystem may race harmlessly.
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.corpus_path.parent, delete=False) as tmp:
-            tmp.write(lines)
-        os.replace(tmp.name, self.corpus_path)
+        # Write then rename: a reader never sees half a file, and nodes sharing a filesystem may race harmlessly,
+        # each with its own temporary name. A plain open gives the file the umask's permissions, as the run's other
+        # files have; a tempfile module file would stay 0600, unreadable to the other users of a shared data_dir.
+        partial = self.corpus_path.with_name(f".{self.corpus_path.name}.{uuid.uuid4().hex}.partial")
+        with open(partial, "x", encoding="utf-8") as file:
+            file.write(lines)
+        os.replace(partial, self.corpus_path)
 
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate") and not self.splits:

@@ -77,6 +77,10 @@ def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
             stage = "val" if subcommand == "validate" else "test"
             assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
 
+    (tmp_path / "mine").touch()  # the permissions a file of the user's gets under this umask
+    for path in last.parent.parent.rglob("*"):
+        assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
+
 
 def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
     run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)

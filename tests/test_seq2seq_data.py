@@ -59,6 +59,8 @@ def test_prepare_data_writes_the_corpus_once_and_atomically(tmp_path):
     assert data.corpus_path.stat().st_mtime_ns == written
     assert [p.name for p in data.corpus_path.parent.iterdir()] == [data.corpus_path.name]  # no temporary file left
     assert len(data.corpus_path.read_text().splitlines()) == 100
+    (tmp_path / "mine").touch()
+    assert data.corpus_path.stat().st_mode == (tmp_path / "mine").stat().st_mode, "not the umask's permissions"
 
 
 def test_builtin_vocabulary_covers_its_corpus_without_unknown_tokens(tmp_path):

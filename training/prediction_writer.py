@@ -1,7 +1,6 @@
 """What ``cli.py predict`` writes: one file in the run's directory, in input order, once, however many processes."""
 
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,9 +69,12 @@ class PredictionWriter(BasePredictionWriter):
         if sorted(merged) != list(range(len(merged))):
             raise RuntimeError(f"predictions cover {len(merged)} inputs, not inputs 0 to {len(merged) - 1}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False) as file:
+        # Renamed into place, so a reader never sees half a file. A plain open gives it the permissions of the run's
+        # other files (the umask's); a tempfile module file would stay 0600, unreadable to the run's other users.
+        partial = path.with_name(f".{path.name}.partial")
+        with open(partial, "wb") as file:
             self.save(trainer, [merged[index] for index in range(len(merged))], file)
-        os.replace(file.name, path)
+        os.replace(partial, path)
         print(f"Wrote {len(merged)} predictions to {path}")
 
 
