@@ -31,7 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy, StartupError
-from training.combinations import combination_problem
+from training.combinations import combination_problem, devices_problem
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser, optimizer_problem
@@ -75,7 +75,8 @@ class CLI(LightningCLI):
         name = "config.yaml" if self.subcommand == "fit" else f"{self.subcommand}-config.yaml"
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         config = self.config[self.subcommand]
-        if problem := optimizer_problem(config.as_dict()) or combination_problem(config.as_dict()):
+        settings = config.as_dict()
+        if problem := optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings):
             self.parser.error(problem)
         torch.set_float32_matmul_precision(config.matmul_precision)
         logger = config.trainer.logger

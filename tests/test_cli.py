@@ -3,11 +3,13 @@
 import pytest
 import torch
 import yaml
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from training.combinations import devices_problem
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
@@ -314,6 +316,30 @@ def test_settings_the_trainer_rejects_together_are_named(run_cli, capsys):
     err = capsys.readouterr().err
     assert "`enable_progress_bar=False` but found `ProgressBar` in callbacks list. Fix the trainer settings" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("devices", ["abc", "-5", "-1", "0,1"])
+def test_a_devices_value_lightning_cannot_use_on_cpu_says_what_it_takes(run_cli, capsys, monkeypatch, devices):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, f"--trainer.devices={devices}")
+    assert exit_.value.code == 2
+    assert one_paragraph(capsys.readouterr().err) == (
+        f"error: trainer.devices={devices} is not a number of processes: on CPU (this machine has no GPU) "
+        "trainer.devices takes a positive number of processes per node, such as 2; -1 and GPU ids need GPUs."
+    )
+
+
+def test_devices_values_are_checked_by_the_rules_of_the_accelerator_lightning_picks(monkeypatch):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
+    for devices in ("auto", -1, "-1", 2, "2", [0, 1], "0,1", "1,", "1, 2"):
+        assert devices_problem({"trainer": {"devices": devices}}) is None, devices
+    for devices in ("abc", -5, "-5", 0, "0", [], [0, 0], "0,x", "2.5", [-1]):
+        assert "names no devices: trainer.devices takes a number" in devices_problem({"trainer": {"devices": devices}})
+    for devices in (-1, [1], "0,1"):
+        cpu = {"trainer": {"devices": devices, "accelerator": "cpu"}}
+        assert "on CPU (trainer.accelerator=cpu) trainer.devices takes a positive number" in devices_problem(cpu)
 
 
 @pytest.mark.parametrize("run_id", ["../../elsewhere", "..", "a/b", "x" * 101, "with space"])

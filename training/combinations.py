@@ -1,11 +1,17 @@
-"""Settings that each work alone but not together, found before anything starts, naming where each was set."""
+"""Trainer settings Lightning rejects only as it builds the Trainer or later, found before anything starts: settings
+that each work alone but not together (naming where each was set), and a ``trainer.devices`` it cannot parse."""
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
+
+POSITIVE = re.compile(r"[1-9][0-9]*")
+GPU_IDS = re.compile(r"[0-9]+(,[0-9]*)*")  # as Lightning reads "0,1": a trailing comma is allowed
 
 
 def combination_problem(config: dict[str, Any]) -> str | None:
@@ -22,6 +28,36 @@ def combination_problem(config: dict[str, Any]) -> str | None:
             "(--trainer.gradient_clip_val=null), or train with DDP (leave out the FSDP config)."
         )
     return None
+
+
+def devices_problem(config: dict[str, Any]) -> str | None:
+    """What is wrong with ``trainer.devices`` in ``config`` (a subcommand's, as a dict), or None.
+
+    Lightning parses the value with the accelerator's own rules when it builds the Trainer, and rejects most wrong
+    ones (``abc``, ``-5``, ``-1`` without a GPU) in a TypeError or ValueError traceback, or says GPUs are missing.
+    """
+    trainer = config.get("trainer") or {}
+    devices, accelerator = trainer.get("devices", "auto"), trainer.get("accelerator", "auto")
+    text = ",".join(map(str, devices)) if isinstance(devices, list) else "".join(str(devices).split())
+    gpu = CUDAAccelerator.is_available() or MPSAccelerator.is_available()
+    if accelerator == "cpu" or (accelerator == "auto" and not gpu):  # the accelerator Lightning picks
+        if not isinstance(devices, list) and (text == "auto" or POSITIVE.fullmatch(text)):
+            return None
+        where = "trainer.accelerator=cpu" if accelerator == "cpu" else "this machine has no GPU"
+        return (
+            f"trainer.devices={devices} is not a number of processes: on CPU ({where}) trainer.devices takes a "
+            "positive number of processes per node, such as 2; -1 and GPU ids need GPUs."
+        )
+    if isinstance(devices, list) or "," in text:
+        ids = text.rstrip(",").split(",")
+        if GPU_IDS.fullmatch(text) and len(set(map(int, ids))) == len(ids):
+            return None
+    elif text in ("auto", "-1") or POSITIVE.fullmatch(text):
+        return None
+    return (
+        f"trainer.devices={devices} names no devices: trainer.devices takes a number of devices per node (a positive "
+        'integer), -1 or auto for every visible GPU, or the ids of the GPUs to use once each, such as [0, 1] or "0,1".'
+    )
 
 
 def _is_fsdp(strategy: Any) -> bool:
