@@ -250,6 +250,23 @@ def test_wrong_type_is_named(run_cli, capsys, tmp_path):
     assert 'Parser key "trainer.max_epochs"' in err and "three" in err
 
 
+def test_a_rejected_value_from_the_environment_names_the_variable(run_cli, capsys, monkeypatch):
+    monkeypatch.setenv("NUM_NODES", "two")  # configs/ddp.yaml: num_nodes: ${oc.decode:${oc.env:NUM_NODES,1}}
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML))
+    assert err == (
+        """error: Parser key "trainer.num_nodes": Expected a <class 'int'>. Got value: two. ddp.yaml takes """
+        "trainer.num_nodes from the environment variable NUM_NODES: set NUM_NODES to a value it accepts, or unset it."
+    )
+    monkeypatch.setenv("NUM_NODES", "2")  # now the command line gives the value the parser rejects
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.num_nodes=three"))
+    assert err == """error: Parser key "trainer.num_nodes": Expected a <class 'int'>. Got value: three"""
+
+
+def test_a_rejected_value_of_a_class_argument_is_named(run_cli, capsys):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--data.init_args.batch_size=x"))
+    assert err.endswith("""Parser key "batch_size": Expected a <class 'int'>. Got value: x""")
+
+
 def test_missing_config_file_is_named(run_cli, capsys):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", "configs/missing.yaml")
     assert "configs/missing.yaml" in err and "does not exist" in err

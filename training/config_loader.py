@@ -1,4 +1,5 @@
-"""How cli.py reads YAML: OmegaConf interpolation, ``gpus_or`` and ``run_id`` resolvers, errors naming the file."""
+"""How cli.py reads YAML: OmegaConf interpolation, ``gpus_or`` and ``run_id`` resolvers, errors naming the file,
+and which keys the files take from environment variables."""
 
 import os
 import re
@@ -20,6 +21,10 @@ def gpus_or(cpu_processes: int) -> int | str:
 
 
 RUN_NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
+ENV = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+# The keys of the config files read so far whose value comes from an environment variable: key -> (variable, file).
+# The parser reports only the key and the value it rejects, which the user may have set in the environment.
+ENVIRONMENT_KEYS: dict[str, tuple[str, str]] = {}
 
 
 def run_id(default: str) -> str:
@@ -40,7 +45,7 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
     def load_config(value: str, path: str = "") -> Any:
         source = f"config file {path}" if path else "a command-line value"
         try:
-            return load(value)
+            loaded = load(value)
         except yaml.YAMLError as error:
             raise yaml.YAMLError(f"{source} is not valid YAML: {error}") from error
         except OmegaConfBaseException as error:
@@ -51,8 +56,34 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
                 f"{source}: {error}\nEach config file is resolved on its own, so ${{...}} can only refer to keys of "
                 "the same file, and ${oc.env:VAR} needs VAR set or a default, as in ${oc.env:VAR,default}."
             ) from error
+        if path:
+            note_environment_keys(yaml.safe_load(value), path)
+        return loaded
 
     return load_config
+
+
+def note_environment_keys(node: Any, path: str, key: str = "") -> None:
+    """Note which keys of ``node`` (a config file's YAML, unresolved) read an environment variable; a later file
+    that sets such a key itself takes it back."""
+    if isinstance(node, dict):
+        for name, value in node.items():
+            note_environment_keys(value, path, f"{key}.{name}".removeprefix("."))
+    elif isinstance(node, str) and (variable := ENV.search(node)):
+        ENVIRONMENT_KEYS[key] = (variable[1], path)
+    else:
+        ENVIRONMENT_KEYS.pop(key, None)
+
+
+def environment_source(key: str, value: str) -> str | None:
+    """The sentence naming the environment variable the rejected ``value`` of ``key`` came from, or None."""
+    variable, path = ENVIRONMENT_KEYS.get(key, ("", ""))
+    if variable not in os.environ or os.environ[variable].strip() != value.strip():  # the value came from elsewhere
+        return None
+    return (
+        f"{path} takes {key} from the environment variable {variable}: "
+        f"set {variable} to a value it accepts, or unset it."
+    )
 
 
 def resolver_error(error: BaseException) -> ValueError | None:
@@ -66,6 +97,7 @@ def resolver_error(error: BaseException) -> ValueError | None:
 def use_omegaconf_loader() -> None:
     """Make ``parser_mode="omegaconf"`` load with ``naming_the_file`` and know ``${gpus_or:N}`` and
     ``${run_id:default}``."""
+    ENVIRONMENT_KEYS.clear()
     OmegaConf.register_resolver("gpus_or", gpus_or, replace=True)
     OmegaConf.register_resolver("run_id", run_id, replace=True)
     set_loader("omegaconf", naming_the_file(omegaconf_loader()), (yaml.YAMLError,))

@@ -2,8 +2,9 @@
 
 jsonargparse reports a bad value under a class_path (``model``, ``data``, a callback) as a union report: every
 type it tried, the Python type of the value, then the value, with the full usage of the subcommand above it,
-some 50 lines. The report is text only, so this keeps its lines that say what is wrong, and names the arguments
-the class accepts when one of them was misspelt. Checked with jsonargparse 4.53.0: tests/test_cli.py fails when
+some 50 lines. The report is text only, so this keeps its lines that say what is wrong and the value given, names
+the arguments the class accepts when one of them was misspelt, and the environment variable a rejected value came
+from. Checked with jsonargparse 4.53.0: tests/test_cli.py fails when
 an upgrade changes the report.
 """
 
@@ -16,12 +17,17 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
+from training.config_loader import environment_source
+
 NOISE = re.compile(
     r"Does not validate against any of the (Union subtypes|types in .*)|Subtypes: .*|Errors:|Given value type: .*|"
     r"Given value: (NestedArg|Namespace|\{).*|Expected a path but .* either not accessible or invalid|"
     r"Expected a <class 'NoneType'>|"
 )
 EXPECTED = re.compile(r"Expected a <class '[\w.]+'>")  # beside a class_path's problem: the types it is not
+# A class's whole spec (a dict, a Namespace) repeats the config; a value the user typed is worth repeating.
+SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedArg\().*")
+REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
@@ -53,7 +59,7 @@ def concise(message: str) -> str:
     lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
     classes = any(line.startswith("Problem with given class_path") for line in lines)
     kept = [line for line in lines if not (NOISE.fullmatch(line) or (classes and EXPECTED.fullmatch(line)))]
-    paragraph = " ".join(line.split(" Got value: ")[0] for line in kept)
+    paragraph = " ".join(SPEC_VALUE.sub("", line) for line in kept)
     owner, hints = None, {}
     for line in lines:  # a misspelt argument belongs to the class_path named last before it, or on its line
         owner = (CLASS_PATH.findall(line) or [owner])[-1]
@@ -64,6 +70,8 @@ def concise(message: str) -> str:
             hint = f" (closest to '{unknown[1]}': {closest[0]})" if closest else ""
             hints[owner] = f"{owner} accepts: {', '.join(names)}{hint}."
     hints |= {marker: hint for marker, hint in LAYERING.items() if marker in message and hint not in message}
+    if (rejected := REJECTED.match(message)) and (source := environment_source(*rejected.groups())):
+        hints["environment"] = source
     if hints:
         paragraph = paragraph.rstrip(".") + ". " + " ".join(hints.values())
     return paragraph
