@@ -67,7 +67,10 @@ class CLI(LightningCLI):
         # LightningCLI reads a --ckpt_path file's hyperparameters next: a wrong path or file would end there in a
         # traceback from every rank.
         subcommand = self.config.get("subcommand")
-        if subcommand and (problem := checkpoint_problem(self.config[subcommand].get("ckpt_path"))):
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        if problem := checkpoint_problem(config.get("ckpt_path"), config.get("trainer.default_root_dir")):
             parser.error(problem)
 
     def before_instantiate_classes(self) -> None:

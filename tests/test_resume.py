@@ -2,6 +2,7 @@
 run's config record describes the training that wrote last.ckpt, and the code digest nodes compare."""
 
 import importlib
+import importlib.util
 
 import pytest
 import torch.distributed as dist
@@ -88,9 +89,26 @@ def test_a_run_past_its_end_stops_before_training_and_its_record_stays(run_cli, 
     assert earlier.read_bytes() == files[run / "config.yaml"], "the config of the first two epochs was not kept"
 
 
-def test_checkpoints_lightning_finds_itself_are_left_to_it():
+def test_checkpoint_names_lightning_resolves_are_left_to_it_where_it_can(tmp_path, monkeypatch):
     for name in ("best", "hpc", "registry:my-model:latest"):
-        assert checkpoint_problem(name) is None and past_end(None, name, True) is None, name
+        assert past_end(None, name, True) is None, name
+    (tmp_path / "hpc_ckpt_3.ckpt").touch()
+    assert checkpoint_problem("hpc", str(tmp_path)) is None
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "litmodels" else found(name))
+    assert checkpoint_problem("registry:my-model:latest") is None
+
+
+def test_a_checkpoint_name_lightning_cannot_resolve_here_says_what_to_give(run_cli, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # no litmodels
+    for name, told in [
+        ("best", "Lightning resolves best to the best checkpoint of a fit that ran earlier in the same process"),
+        ("hpc", f"Lightning loads the newest hpc_ckpt_N.ckpt of trainer.default_root_dir ({tmp_path}), and there"),
+        ("registry:my-model", "Lightning loads a model registry checkpoint with the litmodels package, which is not"),
+    ]:
+        err = fails(run_cli, capsys, "predict", "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", name)
+        assert err.strip().splitlines()[-1].startswith(f"error: --ckpt_path {name}: {told}")
+        assert "give a checkpoint's path" in err.lower(), err
 
 
 def test_the_code_digest_covers_the_user_modules_a_run_imported(tmp_path, monkeypatch):

@@ -4,6 +4,8 @@ The resume itself is Lightning's: ``ckpt_path: last`` in configs/ddp.yaml loads 
 the run's checkpoint directory, and a run without one starts from scratch.
 """
 
+import importlib.util
+import os
 import pickle
 import re
 from pathlib import Path
@@ -65,11 +67,14 @@ def found_by_lightning(ckpt_path: str) -> bool:
     return ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry")
 
 
-def checkpoint_problem(ckpt_path: str | None) -> str | None:
+def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None) -> str | None:
     """What is wrong with ``--ckpt_path``, or None: a path that does not exist, a directory that is no sharded
-    checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint. Lightning's special values pass."""
-    if ckpt_path in (None, "last") or found_by_lightning(ckpt_path):
+    checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint, a name Lightning cannot resolve in
+    this process. ``root_dir`` is ``trainer.default_root_dir`` (None: the working directory)."""
+    if ckpt_path in (None, "last"):
         return None
+    if found_by_lightning(ckpt_path):
+        return name_problem(ckpt_path, root_dir or os.getcwd())
     if not get_filesystem(ckpt_path).exists(ckpt_path):
         return (
             f"--ckpt_path {ckpt_path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
@@ -85,6 +90,33 @@ def checkpoint_problem(ckpt_path: str | None) -> str | None:
             counters(ckpt_path)
         except ValueError as error:
             return str(error)
+    return None
+
+
+def name_problem(ckpt_path: str, root_dir: str) -> str | None:
+    """Why Lightning cannot resolve the name ``ckpt_path`` in a process that runs one subcommand, or None.
+
+    Lightning finds out only once every process has started, and says so in a ValueError traceback from each (or a
+    FileNotFoundError for a registry name, which it reads as a path without litmodels).
+    """
+    if ckpt_path == "best":
+        return (
+            "--ckpt_path best: Lightning resolves best to the best checkpoint of a fit that ran earlier in the same "
+            "process, and cli.py runs one subcommand per process, so there is none. Give a checkpoint's path "
+            "instead, such as the run's checkpoints/epochNNN-val_lossX.XXXX.ckpt (the best by val/loss under "
+            "configs/ddp.yaml), or --ckpt_path last for its last.ckpt."
+        )
+    if ckpt_path == "hpc" and not get_filesystem(root_dir).glob(f"{root_dir.rstrip('/')}/hpc_ckpt_*.ckpt"):
+        return (
+            f"--ckpt_path hpc: Lightning loads the newest hpc_ckpt_N.ckpt of trainer.default_root_dir ({root_dir}), "
+            "and there is none; the template saves a stopped run's checkpoint as its last.ckpt. Give a "
+            "checkpoint's path, or --ckpt_path last."
+        )
+    if ckpt_path.startswith("registry") and importlib.util.find_spec("litmodels") is None:
+        return (
+            f"--ckpt_path {ckpt_path}: Lightning loads a model registry checkpoint with the litmodels package, which "
+            "is not installed. Install it (pip install litmodels), or give a checkpoint's path."
+        )
     return None
 
 
