@@ -183,6 +183,19 @@ def test_an_unknown_class_names_the_module_and_the_class(run_cli, capsys, class_
     assert f"""error: Parser key "model": Problem with given class_path '{class_path}': {reason}""" in err
 
 
+@pytest.mark.parametrize("in_yaml", [True, False])
+def test_a_misspelt_class_gets_the_closest_class_of_its_module(run_cli, capsys, tmp_path, in_yaml):
+    class_path = "lightning.pytorch.callbacks.EarlyStoping"
+    (tmp_path / "es.yaml").write_text(f"trainer:\n  callbacks+:\n    - class_path: {class_path}\n")
+    given = ["-c", str(tmp_path / "es.yaml")] if in_yaml else [f"--trainer.callbacks+={class_path}"]
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, *given))
+    assert err == (
+        f"""error: Parser key "trainer.callbacks": Problem with given class_path '{class_path}': module """
+        "'lightning.pytorch.callbacks' has no attribute 'EarlyStoping'. Closest to 'EarlyStoping' in "
+        "lightning.pytorch.callbacks: EarlyStopping."
+    )
+
+
 @pytest.mark.parametrize(
     "config, told",
     [

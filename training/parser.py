@@ -21,10 +21,15 @@ from training.config_loader import environment_source
 
 NOISE = re.compile(
     r"Does not validate against any of the (Union subtypes|types in .*)|Subtypes: .*|Errors:|Given value type: .*|"
-    r"Given value: (NestedArg|Namespace|\{).*|Expected a path but .* either not accessible or invalid|"
+    r"Given value: (NestedArg|Namespace|\{|\[\{).*|Expected a path but .* either not accessible or invalid|"
     r"Expected a <class 'NoneType'>|"
 )
-EXPECTED = re.compile(r"Expected a <class '[\w.]+'>")  # beside a class_path's problem: the types it is not
+# Beside a class_path's own problem: the types the value is not, the forms a class may be given in, the value.
+BESIDE_CLASS = re.compile(
+    r"Expected a <class '[\w.]+'>|Not a valid subclass of \w+|Subclass types expect one of:|a class path \(str\)|"
+    r"a dict (with|without) .*|Given value: .*"
+)
+MISSING_CLASS = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
 # A class's whole spec (a dict, a Namespace) repeats the config; a value the user typed is worth repeating.
 SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedArg\().*")
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
@@ -54,11 +59,23 @@ def accepted(class_path: str) -> list[str]:
     return [parameter.name for parameter in signature.parameters.values() if parameter.kind in kinds]
 
 
+def closest_class(module: str, name: str) -> str | None:
+    """The class of ``module`` whose name is closest to the misspelt ``name``, or None."""
+    try:
+        namespace = vars(importlib.import_module(module))
+    except ImportError:
+        return None
+    classes = [key for key, value in namespace.items() if isinstance(value, type) and not key.startswith("_")]
+    return next(iter(difflib.get_close_matches(name, classes, n=1, cutoff=0.6)), None)
+
+
 def concise(message: str) -> str:
-    """jsonargparse's ``message`` as one paragraph: what is wrong, and for a misspelt argument, what is right."""
+    """jsonargparse's ``message`` as one paragraph: what is wrong, and for a misspelt argument or class, what is
+    right."""
     lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
     classes = any(line.startswith("Problem with given class_path") for line in lines)
-    kept = [line for line in lines if not (NOISE.fullmatch(line) or (classes and EXPECTED.fullmatch(line)))]
+    kept = [line for line in lines if not (NOISE.fullmatch(line) or (classes and BESIDE_CLASS.fullmatch(line)))]
+    kept = list(dict.fromkeys(kept))  # a union report repeats a class_path's problem once per type it tried
     paragraph = " ".join(SPEC_VALUE.sub("", line) for line in kept)
     owner, hints = None, {}
     for line in lines:  # a misspelt argument belongs to the class_path named last before it, or on its line
@@ -69,7 +86,10 @@ def concise(message: str) -> str:
             closest = difflib.get_close_matches(unknown[1], names, n=1, cutoff=0.5)
             hint = f" (closest to '{unknown[1]}': {closest[0]})" if closest else ""
             hints[owner] = f"{owner} accepts: {', '.join(names)}{hint}."
-    hints |= {marker: hint for marker, hint in LAYERING.items() if marker in message and hint not in message}
+    for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
+        if closest := closest_class(module, name):
+            hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    hints |= {marker: hint for marker, hint in LAYERING.items() if marker in paragraph and hint not in message}
     if (rejected := REJECTED.match(message)) and (source := environment_source(*rejected.groups())):
         hints["environment"] = source
     if hints:
