@@ -15,6 +15,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
@@ -75,8 +76,9 @@ class Seq2SeqDataModule(LightningDataModule):
         group_by_length: batch training pairs of similar length, so batches carry less padding.
         predict_path: a UTF-8 file with one source per line, for ``predict``.
         num_workers: DataLoader worker processes per training process. Unset, chosen by device: none on CPU,
-            where workers would take cores from the training processes; on GPU up to 4, from the cores this
-            node has for each of its processes, so batches are ready while the GPU computes.
+            where workers would take cores from the training processes; on GPU up to 4, from the cores each
+            process has (a SLURM task its own ``--cpus-per-task``, other processes their share of the
+            node's), less one for the process itself, so batches are ready while the GPU computes.
         seed: seed of the built-in corpus and of the validation split, independent of ``seed_everything``.
 
     Attributes linked into the model by cli.py: ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
@@ -204,7 +206,7 @@ class Seq2SeqDataModule(LightningDataModule):
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
         if workers is None:
-            workers = max(0, min(4, len(os.sched_getaffinity(0)) // self.trainer.num_devices - 1)) if on_gpu else 0
+            workers = max(0, min(4, self._cores_per_process() - 1)) if on_gpu else 0
         return DataLoader(
             dataset,
             collate_fn=collate,
@@ -213,6 +215,13 @@ class Seq2SeqDataModule(LightningDataModule):
             pin_memory=on_gpu,
             **kwargs,
         )
+
+    def _cores_per_process(self) -> int:
+        cores = len(os.sched_getaffinity(0))
+        # srun binds each task to its own cores; the processes a launcher starts share the node's.
+        if isinstance(getattr(self.trainer.strategy, "cluster_environment", None), SLURMEnvironment):
+            return cores
+        return cores // self.trainer.num_devices
 
     def train_dataloader(self) -> DataLoader:
         sources, targets = zip(*self.splits["train"], strict=True)

@@ -1,13 +1,15 @@
 """The doctor's checks in Python, started on every node by scripts/doctor.sh once the network checks pass.
 
 This node: versions, GPUs against the GPU list, /dev/shm. Then one process per device joins the job's
-start-up handshake (the one training uses), so the master prints a row per process and names every
-difference; the processes then form a process group with a short timeout and verify the collectives
-that data-parallel training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
+start-up handshake (the one training uses), so the master prints a row per process (with its usable cores
+and threads) and names every difference; each node warns of more threads than cores (scripts/cpu_check.py);
+the processes then form a process group with a short timeout and verify the collectives that data-parallel
+training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
 """
 
 import argparse
 import importlib
+import json
 import os
 import platform
 import re
@@ -23,7 +25,7 @@ import torch.multiprocessing as mp
 import yaml
 from torch.distributed import PrefixStore, TCPStore
 
-from scripts import comm_bench, gpu_check
+from scripts import comm_bench, cpu_check, gpu_check
 from training.fingerprint import code_digest, config_items, items_digest
 from training.startup import Member, StartupError, describe, handshake
 
@@ -157,8 +159,25 @@ def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, 
     return problems
 
 
-def print_roster(members: list[Member]) -> None:
-    columns = ("rank", "host", "node", "local", "device", "python", "torch", "lightning", "code", "config")
+def cpu_key(member: Member) -> str:
+    return f"cpu/{member.host}/{member.pid}"
+
+
+def print_roster(members: list[Member], cpus: list[dict]) -> None:
+    columns = (
+        "rank",
+        "host",
+        "node",
+        "local",
+        "device",
+        "cores",
+        "threads",
+        "python",
+        "torch",
+        "lightning",
+        "code",
+        "config",
+    )
     rows = [
         (
             str(rank),
@@ -166,25 +185,29 @@ def print_roster(members: list[Member]) -> None:
             str(m.node_rank),
             str(m.local_rank),
             m.device,
+            cpu_check.ranges(cpu["cores"]),
+            str(cpu["threads"]),
             m.facts["python"],
             m.facts["torch"],
             m.facts["lightning"],
             m.facts["project code"],
             items_digest(m.facts["config"]),
         )
-        for rank, m in enumerate(members)
+        for rank, (m, cpu) in enumerate(zip(members, cpus, strict=True))
     ]
     widths = [max(len(value) for value in column) for column in zip(columns, *rows, strict=True)]
     for row in (columns, *rows):
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip(), flush=True)
 
 
-def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -> None:
+def process(local_rank: int, args: argparse.Namespace, config: dict[str, str], warned) -> None:
     """One process of the job: check in, verify the collectives, measure if asked.
 
     Every process learns the same verdict; local rank 0 reports it and exits 1 on a problem, the others
-    return, so the node's report is never cut short by a sibling's exit.
+    return, so the node's report is never cut short by a sibling's exit. ``warned`` is set when this node
+    warned of something that does not stop training.
     """
+    cpu_check.threads_like_training(args.nproc)
     rank, world = args.node_rank * args.nproc + local_rank, args.num_nodes * args.nproc
     if args.accelerator == "gpu":
         torch.cuda.set_device(local_rank)
@@ -216,6 +239,7 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
     )
     try:
         store = TCPStore(address, port, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+        store.set(cpu_key(me), json.dumps(cpu_check.usage()))
         roster = handshake(
             store,
             me,
@@ -232,7 +256,7 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
             sys.exit(1)
         return
     if rank == 0:
-        print_roster(roster.members)
+        print_roster(roster.members, [json.loads(store.get(cpu_key(m))) for m in roster.members])
     if roster.problems:
         if local_rank == 0:
             say("FAIL", describe(roster))
@@ -240,6 +264,14 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str]) -
         return
     if local_rank == 0:
         say("ok", f"all {world} processes of {args.num_nodes} node(s) joined and agree on versions, code and config")
+        node = [
+            {**json.loads(store.get(cpu_key(m))), "rank": rank}
+            for rank, m in enumerate(roster.members)
+            if m.node_rank == args.node_rank
+        ]
+        for warning in cpu_check.warnings(f"node {args.node_rank} ({me.host})", node):
+            say("WARN", warning)
+            warned.set()
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(
@@ -289,11 +321,17 @@ def main() -> None:
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         sys.exit(1)
     config = config_items(yaml.safe_load(Path(args.config).read_text()))
+    warned = mp.get_context("spawn").Event()
     try:
-        mp.start_processes(process, args=(args, config), nprocs=args.nproc, start_method="spawn")
+        mp.start_processes(process, args=(args, config, warned), nprocs=args.nproc, start_method="spawn")
     except mp.ProcessExitedException:
         healthy = False
-    say("ok" if healthy else "FAIL", "the doctor found nothing wrong" if healthy else "the doctor found problems above")
+    if not healthy:
+        say("FAIL", "the doctor found problems above")
+    elif warned.is_set():
+        say("ok", "the doctor found nothing that stops training, but see the warnings above")
+    else:
+        say("ok", "the doctor found nothing wrong")
     sys.exit(0 if healthy else 1)
 
 

@@ -13,9 +13,10 @@ from torch.optim import Optimizer
 
 
 class RankProbe(Callback):
-    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, threads, inputs seen in epoch 0, final parameters,
-    the DataModule's state, the precision setting, the device, the dtypes the model's layers (leaf modules with
-    weights) computed in training and the gradient scaler's state when training started (None without one).
+    """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, threads, usable cores, inputs seen in epoch 0,
+    final parameters, the DataModule's state, the precision setting, the device, the dtypes the model's layers (leaf
+    modules with weights) computed in training and the gradient scaler's state when training started (None without
+    one).
 
     Args:
         out_dir: where to write.
@@ -56,11 +57,12 @@ class RankProbe(Callback):
             "backend": dist.get_backend() if dist.is_initialized() else None,
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
+            "cores": sorted(os.sched_getaffinity(0)),
             "precision": trainer.precision,
             "device": str(pl_module.device),
             "scaler_at_start": self.scaler_at_start,
             "layer_dtypes": sorted(self.layer_dtypes),
-            "inputs": torch.cat(self.inputs),
+            "inputs": torch.cat(self.inputs) if self.inputs else torch.empty(0),
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
             "datamodule_state": trainer.datamodule.state_dict() if trainer.datamodule else {},
         }

@@ -123,6 +123,7 @@ def excluded(path: str, patterns: list[str]) -> bool:
     [
         "logs/toy/version_0/checkpoints/last.ckpt",
         "logs/nodes/node0.log",
+        "slurm-ddp-42.out",
         "lightning_logs/version_0/hparams.yaml",
         "checkpoints/epoch=0-step=8.ckpt",
         "models/epoch001.ckpt",

@@ -3,7 +3,9 @@ benchmark."""
 
 import csv
 import json
+import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -13,11 +15,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed import HashStore
 
-from scripts import comm_bench, gpu_check
+from scripts import comm_bench, cpu_check, gpu_check
 from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
 from tests.helpers import copy_project, free_port, launcher_env, needs_gpus
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce", "send/recv")
+CORES = len(os.sched_getaffinity(0))
 
 
 def doctor(node, gpus: str, rank: int, *extra: str, **settings: str) -> subprocess.Popen:
@@ -30,10 +33,12 @@ def doctor(node, gpus: str, rank: int, *extra: str, **settings: str) -> subproce
     )
 
 
-def two_nodes(root, gpus: str, worker_extra: tuple[str, ...] = (), **settings: str) -> list[tuple[int, str]]:
+def two_nodes(
+    root, gpus: str, worker_extra: tuple[str, ...] = (), worker_settings: dict[str, str] | None = None, **settings: str
+) -> list[tuple[int, str]]:
     nodes = [copy_project(root / f"node{rank}") for rank in range(2)]
     settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2", "DOCTOR_TIMEOUT": "120", **settings}
-    worker = doctor(nodes[1], gpus, 1, *worker_extra, **settings)
+    worker = doctor(nodes[1], gpus, 1, *worker_extra, **settings, **(worker_settings or {}))
     master = doctor(nodes[0], gpus, 0, **settings)
     return [(p.wait(timeout=600), p.stdout.read()) for p in (master, worker)]
 
@@ -59,9 +64,11 @@ def alone():
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
-    """Two healthy nodes of 2 processes each, with the bandwidth benchmark up to 1 MiB messages."""
+    """Two healthy nodes of 2 processes each, with the bandwidth benchmark up to 1 MiB messages; the worker's
+    processes run a thread per core of the machine each, so between them more threads than it has cores."""
     root = tmp_path_factory.mktemp("doctor")
-    return root, two_nodes(root, "cpu:2", BENCH="1", BENCH_MAX_MB="1")
+    oversubscribed = {"OMP_NUM_THREADS": str(CORES)}
+    return root, two_nodes(root, "cpu:2", worker_settings=oversubscribed, BENCH="1", BENCH_MAX_MB="1")
 
 
 @pytest.mark.distributed
@@ -69,14 +76,57 @@ def test_two_healthy_nodes_pass_with_a_row_per_process(healthy):
     _, ((master_status, master), (worker_status, worker)) = healthy
     assert master_status == 0, master
     assert worker_status == 0, worker
-    rows = re.findall(r"^(\d)\s+\S+\s+(\d)\s+(\d)\s+cpu\s+[\d.]+\s+\S+\s+\S+\s+(\w{12})\s+(\w{12})$", master, re.M)
+    row = r"^(\d)\s+\S+\s+(\d)\s+(\d)\s+cpu\s+(\S+)\s+(\d+)\s+[\d.]+\s+\S+\s+\S+\s+(\w{12})\s+(\w{12})$"
+    rows = re.findall(row, master, re.M)
     assert [row[:3] for row in rows] == [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")]
-    assert len({row[3:] for row in rows}) == 1, "all processes should show the same code and config"
+    assert len({row[5:] for row in rows}) == 1, "all processes should show the same code and config"
+    # Each process's usable cores (all of this machine's, nothing binds them) and threads: by default the
+    # node's cores shared among its 2 processes, as in training; on the worker, OMP_NUM_THREADS.
+    assert {row[3] for row in rows} == {cpu_check.ranges(sorted(os.sched_getaffinity(0)))}
+    assert [int(row[4]) for row in rows] == [max(1, CORES // 2)] * 2 + [CORES] * 2
     for output in (master, worker):
         assert "ok    all 4 processes of 2 node(s) joined and agree on versions, code and config" in output
         for name in COLLECTIVES:
             assert f"ok    {name} on 4 processes (gloo)" in output
-        assert output.rstrip().endswith("ok    the doctor found nothing wrong")
+    assert "WARN" not in master
+    assert master.rstrip().endswith("ok    the doctor found nothing wrong")
+
+
+@pytest.mark.distributed
+def test_a_node_with_more_threads_than_cores_is_warned_about_and_passes(healthy):
+    _, (_, (worker_status, worker)) = healthy
+    assert worker_status == 0, worker
+    cores = cpu_check.ranges(sorted(os.sched_getaffinity(0)))
+    warning = f"WARN  the 2 processes on node 1 ({socket.gethostname()}) run {2 * CORES} threads in all on the "
+    assert f"{warning}{CORES} core(s) they may use ({cores})" in worker, worker
+    assert worker.rstrip().endswith("ok    the doctor found nothing that stops training, but see the warnings above")
+
+
+@pytest.mark.parametrize(
+    ("processes", "expected"),
+    [
+        ([{"rank": 0, "cores": [0, 1], "threads": 1}, {"rank": 1, "cores": [0, 1], "threads": 1}], []),
+        # srun bound each task to its own cores: 2 threads each on 2 cores of their own
+        ([{"rank": 0, "cores": [0, 1], "threads": 2}, {"rank": 1, "cores": [2, 3], "threads": 2}], []),
+        (
+            [{"rank": 2, "cores": [0, 1, 2, 3, 8], "threads": 8}],
+            [
+                "rank 2 on node 1 (b) runs 8 threads on 5 usable core(s) (0-3,8): set OMP_NUM_THREADS to at most 5, "
+                "or give the process more cores (under SLURM, --cpus-per-task, which srun must be given too)"
+            ],
+        ),
+        (
+            [{"rank": 0, "cores": [0, 1, 2, 3], "threads": 4}, {"rank": 1, "cores": [0, 1, 2, 3], "threads": 4}],
+            [
+                "the 2 processes on node 1 (b) run 8 threads in all on the 4 core(s) they may use (0-3): set "
+                "OMP_NUM_THREADS to at most 2, or unset it (each process then takes its share)"
+            ],
+        ),
+    ],
+    ids=["shared fairly", "bound apart", "more threads than its cores", "more threads than the node's cores"],
+)
+def test_threads_beyond_the_usable_cores_are_named_with_the_fix(processes, expected):
+    assert cpu_check.warnings("node 1 (b)", processes) == expected
 
 
 @pytest.mark.distributed

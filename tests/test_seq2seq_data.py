@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.plugins.environments import LightningEnvironment, SLURMEnvironment
 from torch.utils.data import DistributedSampler
 
 from data import Seq2SeqDataModule
@@ -297,13 +298,36 @@ def test_worker_processes_give_the_same_batches_as_the_main_process(tmp_path):
 def test_worker_count_follows_the_device_unless_set(tmp_path, monkeypatch, accelerator, num_workers, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=300, num_workers=num_workers)
-    data.trainer = SimpleNamespace(accelerator=accelerator, num_devices=2, world_size=1)
+    data.trainer = SimpleNamespace(
+        accelerator=accelerator, num_devices=2, world_size=1, strategy=SimpleNamespace(cluster_environment=None)
+    )
     data.prepare_data()
     data.setup("fit")
     loader = data.val_dataloader()
     assert loader.num_workers == expected
     assert loader.persistent_workers == (expected > 0)
     assert loader.pin_memory == isinstance(accelerator, CUDAAccelerator)
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        (LightningEnvironment(), 1),  # the node's 4 cores shared by its 2 processes, less the process itself
+        (SLURMEnvironment(), 3),  # srun bound the task to 4 cores of its own (--cpus-per-task=4)
+    ],
+)
+def test_workers_count_a_slurm_tasks_cores_once(tmp_path, monkeypatch, environment, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)))
+    data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=300)
+    data.trainer = SimpleNamespace(
+        accelerator=CUDAAccelerator(),
+        num_devices=2,
+        world_size=1,
+        strategy=SimpleNamespace(cluster_environment=environment),
+    )
+    data.prepare_data()
+    data.setup("fit")
+    assert data.val_dataloader().num_workers == expected
 
 
 def test_predict_loader_keeps_input_indices(tmp_path):
