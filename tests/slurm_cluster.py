@@ -3,6 +3,7 @@ each with this machine's cores), with their own key, config, state and logs in a
 packages (Slurm 22.05) are installed when missing, without starting the system's own daemons."""
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -138,6 +139,10 @@ class SlurmCluster:
         done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True)
         return sorted(done.stdout.split("\n")[:-1]) == sorted(f"{node} idle" for node in NODES)
 
+    def _queued(self) -> bool:
+        done = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, text=True)
+        return done.returncode == 0 and bool(done.stdout.strip())
+
     def _wait(self, ready, what: str, log: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
@@ -172,6 +177,11 @@ class SlurmCluster:
         return fields
 
     def stop(self) -> None:
+        # A job a failed test left running would outlive the daemons.
+        subprocess.run(["scancel", "--user", pwd.getpwuid(os.geteuid()).pw_name], env=self.env, capture_output=True)
+        deadline = time.monotonic() + 60
+        while self._queued() and time.monotonic() < deadline:
+            time.sleep(0.5)
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True)
         for daemon in reversed(self.daemons):
             if daemon.args[0].endswith("munged"):
