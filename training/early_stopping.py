@@ -1,0 +1,17 @@
+"""Lightning's EarlyStopping, for a run that ends when its model is good enough rather than after N epochs."""
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+
+
+class StayStopped(EarlyStopping):
+    """``EarlyStopping`` that stays stopped: the same command run again after it ended a run trains nothing.
+
+    Lightning restores the callback's state, why it stopped included, with the run, but asks it again only
+    after another epoch: a finished run would train one more epoch each time it is run again.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            trainer.should_stop = True
