@@ -3,7 +3,6 @@ each validation pair once, an epoch resumed where it stopped, memory of one shar
 
 import json
 import math
-import random
 from collections import Counter
 from types import SimpleNamespace
 
@@ -15,14 +14,7 @@ from data import Seq2SeqDataModule
 from data.seq2seq import EOS
 from data.shards import ShardReader
 from scripts import make_shards
-
-
-def write_pairs(path, count: int, seed: int = 0):
-    """Reversed letters: a task other than the built-in one, with repeated sources, of mixed lengths."""
-    rng = random.Random(seed)
-    sources = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 14))) for _ in range(count)]
-    path.write_text("".join(f"{s}\t{s[::-1]}\n" for s in sources), encoding="utf-8")
-    return path
+from tests.helpers import write_pairs
 
 
 @pytest.fixture(scope="module")

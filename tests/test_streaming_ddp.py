@@ -17,8 +17,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from scripts import make_shards
-from tests.helpers import copy_project, finish, free_port, launch, run_script, wait_for_hold
-from tests.test_streaming_data import write_pairs
+from tests.helpers import copy_project, finish, free_port, launch, run_script, wait_for_hold, write_pairs
 from training.preemption import CHECK_PERIOD
 
 pytestmark = pytest.mark.distributed
