@@ -1,5 +1,7 @@
 """training.StayStopped: configs/seq2seq.yaml's end of a run, which a rerun of the same command keeps."""
 
+import logging
+
 from lightning.pytorch import Trainer
 
 from data import RandomDataModule
@@ -24,9 +26,11 @@ def fit(tmp_path, ckpt_path=None) -> Trainer:
     return trainer
 
 
-def test_a_run_it_stopped_trains_nothing_when_run_again(tmp_path):
+def test_a_run_it_stopped_trains_nothing_when_run_again_and_says_why(tmp_path, caplog):
     first = fit(tmp_path)
     assert first.global_step == 2, "the threshold did not stop the run after its first epoch"
     checkpoint = next((tmp_path / "checkpoints").glob("*.ckpt"))
-    again = fit(tmp_path, ckpt_path=str(checkpoint))
+    with caplog.at_level(logging.INFO):
+        again = fit(tmp_path, ckpt_path=str(checkpoint))
     assert again.global_step == 2, "the rerun trained again"
+    assert "training.StayStopped had ended this run: Stopping threshold reached: val/loss = " in caplog.text

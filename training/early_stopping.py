@@ -3,6 +3,7 @@
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.utilities import rank_zero_info
 
 
 class StayStopped(EarlyStopping):
@@ -14,4 +15,8 @@ class StayStopped(EarlyStopping):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            rank_zero_info(
+                f"training.StayStopped had ended this run: {self.stopping_reason_message} To train it further, "
+                f"change its init_args (monitor {self.monitor}) or start a new run with another RUN_ID."
+            )
             trainer.should_stop = True
