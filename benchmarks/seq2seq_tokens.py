@@ -1,11 +1,12 @@
-"""Training throughput of the seq2seq example, with and without length-grouped batches.
+"""Training throughput of the seq2seq example: with and without length-grouped batches, and streamed from shards.
 
     python -m benchmarks.seq2seq_tokens [--steps 40] [--repeats 3] [--batch-size 64] [--threads 1]
 
 Trains the model of configs/seq2seq.yaml on the built-in corpus in one process (by default with one
-thread, what each of 2 DDP processes gets on a 2-core machine), alternating the two batchings
-(A/B/A/B), and prints the median tokens/s of each. Tokens are the non-padding source and target
-tokens; the padding each batching adds is computed but not counted.
+thread, what each of 2 DDP processes gets on a 2-core machine), in turn from memory with length-grouped
+batches, from memory shuffled, and from the corpus converted by scripts/make_shards.py (grouped), and prints
+the median tokens/s of each. Reading the data is part of every step. Tokens are the non-padding source and
+target tokens; the padding each batching adds is computed but not counted.
 """
 
 import argparse
@@ -20,6 +21,7 @@ import yaml
 
 from data import Seq2SeqDataModule
 from models import Seq2SeqTransformer
+from scripts import make_shards
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,24 +72,34 @@ def main() -> None:
         data = Seq2SeqDataModule(**data_args, data_dir=data_dir)
         data.prepare_data()
         data.setup("fit")
+        shards = Path(data_dir) / "shards"
+        split = [f"--val-fraction={data_args['val_fraction']}", f"--seed={data.hparams.seed}"]
+        if make_shards.main([str(data.corpus_path), str(shards), *split]) != 0:
+            raise SystemExit("make_shards.py could not convert the built-in corpus")
+        streamed = Seq2SeqDataModule(**{**data_args, "path": str(shards)})
         model = Seq2SeqTransformer(**model_args, vocab_size=data.vocab_size)
-        results: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        variants = {"grouped by length": (data, True), "shuffled": (data, False), "shards, grouped": (streamed, True)}
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
         tokens_per_second(data, model, lr, steps=5)  # warm-up
         for _ in range(args.repeats):
-            for grouped in results:
-                data.hparams.group_by_length = grouped
-                results[grouped].append(tokens_per_second(data, model, lr, args.steps))
+            for name, (source, grouped) in variants.items():
+                source.hparams.group_by_length = grouped
+                results[name].append(tokens_per_second(source, model, lr, args.steps))
 
     print(
         f"batch size {data.hparams.batch_size}, {args.threads} thread(s), "
         f"median of {args.repeats} x {args.steps} training steps"
     )
-    for grouped, runs in results.items():
-        median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    medians = {
+        name: {key: statistics.median(run[key] for run in runs) for key in runs[0]} for name, runs in results.items()
+    }
+    for name, median in medians.items():
         print(
-            f"{'grouped by length' if grouped else 'shuffled':>17}: {median['tokens_per_s']:7.0f} tokens/s, "
+            f"{name:>17}: {median['tokens_per_s']:7.0f} tokens/s, "
             f"{median['s_per_step'] * 1e3:4.0f} ms/step, {median['padding']:.0%} of each batch is padding"
         )
+    ratio = medians["shards, grouped"]["tokens_per_s"] / medians["grouped by length"]["tokens_per_s"]
+    print(f"shards / memory (both grouped): {ratio:.2f}x tokens/s")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ The first bad line raises a ValueError naming the flag, the file, the line numbe
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
+
+import torch
 
 
 def _lines(path: Path, flag: str) -> Iterator[tuple[int, str]]:
@@ -39,12 +41,16 @@ def read_pairs(path: str | Path, flag: str = "data.path") -> list[tuple[str, str
     The whole file is checked before anything uses it; the first bad line raises a ValueError naming
     ``flag``, the file, the line number, the problem and the expected format.
     """
+    return list(iter_pairs(path, flag))
+
+
+def iter_pairs(path: str | Path, flag: str = "data.path") -> Iterator[tuple[str, str]]:
+    """The pairs of :func:`read_pairs` one by one, each checked before it is yielded."""
     path = Path(path)
     if path.suffix not in (".tsv", ".txt", ".jsonl"):
         raise ValueError(f"{flag}: {path}: unknown format; name the file .tsv (source<TAB>target) or .jsonl")
     jsonl = path.suffix == ".jsonl"
     expected = '{"source": "...", "target": "..."}' if jsonl else "source<TAB>target"
-    pairs = []
     for number, line in _lines(path, flag):
         if jsonl:
             pair, problem = _parse_json_line(line)
@@ -53,8 +59,35 @@ def read_pairs(path: str | Path, flag: str = "data.path") -> list[tuple[str, str
         problem = problem or _check_text(pair[0], "source") or _check_text(pair[1], "target")
         if problem:
             raise ValueError(f"{flag}: {path}:{number}: {problem}; each line must be {expected}")
-        pairs.append(pair)
-    return pairs
+        yield pair
+
+
+def num_val(sources: Collection[str], val_fraction: float, flag: str = "data.val_fraction") -> int:
+    """How many distinct sources to hold out for validation; at least one, and at least one left to train on."""
+    count = max(1, round(len(sources) * val_fraction))
+    if count >= len(sources):
+        raise ValueError(
+            f"{flag}={val_fraction} of {len(sources)} distinct sources leaves "
+            f"{len(sources) - count} to train on; lower {flag} or add data"
+        )
+    return count
+
+
+def split_pairs(
+    pairs: list[tuple[str, str]], val_fraction: float, seed: int, flag: str = "data.val_fraction"
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(train, val)``: ``val_fraction`` of the distinct sources, drawn with ``seed``, held out with a target each.
+
+    Split by source, so no validation source was trained on; each keeps its first target, scored once.
+    """
+    first_target = dict(reversed(pairs))  # each source's first target in the file
+    sources = list(dict.fromkeys(source for source, _ in pairs))
+    order = torch.randperm(len(sources), generator=torch.Generator().manual_seed(seed)).tolist()
+    # A list, not a set: every rank must see the validation pairs in the same order to shard them.
+    held_out = [sources[i] for i in order[: num_val(sources, val_fraction, flag)]]
+    held_out_set = set(held_out)
+    val = [(source, first_target[source]) for source in held_out]
+    return [pair for pair in pairs if pair[0] not in held_out_set], val
 
 
 def _parse_tsv_line(line: str) -> tuple[tuple[str, str], str | None]:

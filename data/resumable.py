@@ -27,13 +27,33 @@ class ResumableSampler(DistributedSampler):
         return itertools.islice(super().__iter__(), skip * self.batch_size, None)
 
 
-class ResumableDataLoader(DataLoader):
-    """Shuffles and shards like Lightning's DistributedSampler, and keeps its place in the epoch in checkpoints.
+class EpochPosition:
+    """A training loader's place in the epoch, in checkpoints: the number of batches the trainer finished in
+    the current epoch (the trainer's count, not the loader's, which runs a batch ahead).
 
     Lightning stores ``state_dict()`` in every checkpoint and passes it to ``load_state_dict()`` before the
-    resumed epoch starts. The state is the number of batches the trainer finished in the current epoch (the
-    trainer's count, not the loader's, which runs a batch ahead); the resumed epoch then skips that many
-    batches of indices, without loading them, so no sample is seen twice or skipped.
+    resumed epoch starts; ``resume_at`` then makes the epoch leave out that many batches, so no sample is seen
+    twice or skipped. A checkpoint from the end of an epoch leaves nothing out.
+    """
+
+    trainer: Trainer | None
+
+    def state_dict(self) -> dict[str, int]:
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
+        return {"batches_done": progress.processed, "batches_in_epoch": int(self.trainer.num_training_batches)}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["batches_done"] < state["batches_in_epoch"]:
+            self.resume_at(state["batches_done"])
+
+    def resume_at(self, batches_done: int) -> None:
+        raise NotImplementedError
+
+
+class ResumableDataLoader(EpochPosition, DataLoader):
+    """Shuffles and shards like Lightning's DistributedSampler, and keeps its place in the epoch in checkpoints.
+
+    A resumed epoch (:class:`EpochPosition`) skips the batches already trained as indices, without loading them.
 
     Starting an epoch draws no number from the global generator (a DataLoader normally draws its workers'
     seed from it), so a resumed run's dropout masks continue exactly where the checkpoint left them.
@@ -51,10 +71,5 @@ class ResumableDataLoader(DataLoader):
         self.generator.manual_seed(self.sampler.seed + self.sampler.epoch)
         return super().__iter__()
 
-    def state_dict(self) -> dict[str, int]:
-        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current
-        return {"batches_done": progress.processed, "batches_in_epoch": int(self.trainer.num_training_batches)}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if state["batches_done"] < state["batches_in_epoch"]:
-            self.sampler.skip_batches = state["batches_done"]
+    def resume_at(self, batches_done: int) -> None:
+        self.sampler.skip_batches = batches_done

@@ -1,14 +1,16 @@
-"""Character-level parallel text: your own TSV/JSONL pairs or a built-in numbers-to-words corpus.
+"""Character-level parallel text: your own TSV/JSONL pairs, a shard directory made from them, or a built-in
+numbers-to-words corpus.
 
 Everything every rank must agree on is derived without a race: the vocabulary is built at
-construction (from the task definition, or by reading your file read-only on every rank) in sorted
-order; the built-in corpus is written once per node in ``prepare_data``, atomically; the validation
-split comes from a seeded generator in ``setup``.
+construction (from the task definition, by reading your file read-only on every rank, or from the shard
+directory's index) in sorted order; the built-in corpus is written once per node in ``prepare_data``,
+atomically; the validation split comes from a seeded generator in ``setup`` (a shard directory's was made
+when it was written).
 """
 
 import os
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -21,7 +23,9 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from data.length_sampler import LengthGroupedBatchSampler
 from data.number_corpus import BUILTIN_ALPHABET, builtin_pairs
-from data.pairs_file import read_pairs, read_sources
+from data.pairs_file import num_val, read_pairs, read_sources, split_pairs
+from data.shards import ShardReader, read_index
+from data.streaming import Item, StreamingLoader, StreamingPairs
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD, BOS, EOS, UNK = range(len(SPECIALS))
@@ -58,6 +62,19 @@ def collate(items: list[tuple[int, list[int], list[int] | None]]) -> dict[str, t
     return batch
 
 
+class ItemCollate:
+    """Batches of a shard directory's ``(number, source, target)`` items, encoded with ``vocab``."""
+
+    def __init__(self, vocab: Sequence[str]) -> None:
+        self.index = {token: i for i, token in enumerate(vocab)}
+
+    def __call__(self, items: list[Item]) -> dict[str, torch.Tensor]:
+        return collate([(n, [*self.encode(s), EOS], [BOS, *self.encode(t), EOS]) for n, s, t in items])
+
+    def encode(self, text: str) -> list[int]:
+        return [self.index.get(c, UNK) for c in text]
+
+
 class Seq2SeqDataModule(LightningDataModule):
     """Pairs of strings for a character-level sequence-to-sequence model.
 
@@ -66,12 +83,14 @@ class Seq2SeqDataModule(LightningDataModule):
 
     Args:
         path: your parallel data: ``.tsv`` (``source<TAB>target`` per line) or ``.jsonl``
-            (``{"source": ..., "target": ...}`` per line), UTF-8. Checked in full at start-up.
+            (``{"source": ..., "target": ...}`` per line), UTF-8, checked in full at start-up and held in memory;
+            or a directory that ``scripts/make_shards.py`` made from such a file, streamed a shard at a time.
         data_dir: where the built-in corpus is written.
         num_pairs: size of the built-in corpus.
         max_digits: the built-in corpus has numbers of 1 to ``max_digits`` digits (at most 6).
         val_fraction: share of the distinct sources held out for validation, chosen with ``seed``. Every pair
-            of a held-out source leaves training; validation scores each held-out source once.
+            of a held-out source leaves training; validation scores each held-out source once. A shard
+            directory was split when it was written: this and ``seed`` must be the values it was made with.
         batch_size: pairs per batch **per process**.
         group_by_length: batch training pairs of similar length, so batches carry less padding.
         predict_path: a UTF-8 file with one source per line, for ``predict``.
@@ -114,24 +133,29 @@ class Seq2SeqDataModule(LightningDataModule):
             raise ValueError(f"data.num_workers must be >= 0, got {num_workers}")
         self.save_hyperparameters()
         # A user file is read here, read-only on every rank, so a bad line stops the run before it starts.
-        self.pairs = read_pairs(path) if path else None
+        self.shards = read_index(Path(path)) if path and Path(path).is_dir() else None
+        self.pairs = read_pairs(path) if path and self.shards is None else None
         self.predict_sources = read_sources(predict_path) if predict_path else None
         if self.pairs is not None:
-            self._num_val({source for source, _ in self.pairs})
-        alphabet = sorted({c for pair in self.pairs for text in pair for c in text}) if self.pairs else BUILTIN_ALPHABET
+            num_val({source for source, _ in self.pairs}, val_fraction)
+            alphabet = sorted({c for pair in self.pairs for text in pair for c in text})
+        elif self.shards is not None:
+            self._check_split(self.shards)
+            alphabet = list(self.shards["alphabet"])
+        else:
+            alphabet = BUILTIN_ALPHABET
         self.vocab = [*SPECIALS, *alphabet]
         self.pad_id, self.bos_id, self.eos_id = PAD, BOS, EOS
         self.splits: dict[str, list[tuple[str, str]]] = {}
 
-    def _num_val(self, sources: Collection[str]) -> int:
-        """How many distinct sources to hold out for validation; at least one, and at least one left to train on."""
-        num_val = max(1, round(len(sources) * self.hparams.val_fraction))
-        if num_val >= len(sources):
-            raise ValueError(
-                f"data.val_fraction={self.hparams.val_fraction} of {len(sources)} distinct sources leaves "
-                f"{len(sources) - num_val} to train on; lower data.val_fraction or add data"
-            )
-        return num_val
+    def _check_split(self, index: dict) -> None:
+        for name, option in (("val_fraction", "--val-fraction"), ("seed", "--seed")):
+            if self.hparams[name] != index[name]:
+                raise ValueError(
+                    f"data.{name}={self.hparams[name]}, but the shards in {self.hparams.path} were split with "
+                    f"{index[name]}; set data.{name}={index[name]}, or convert again with "
+                    f"python scripts/make_shards.py {option} {self.hparams[name]} FILE NEW_DIR"
+                )
 
     @property
     def vocab_size(self) -> int:
@@ -143,7 +167,7 @@ class Seq2SeqDataModule(LightningDataModule):
         return Path(hp.data_dir) / f"numbers_{hp.max_digits}digits_{hp.num_pairs}pairs_seed{hp.seed}.tsv"
 
     def prepare_data(self) -> None:
-        if self.pairs is not None or self.corpus_path.is_file():
+        if self.pairs is not None or self.shards is not None or self.corpus_path.is_file():
             return
         self.corpus_path.parent.mkdir(parents=True, exist_ok=True)
         lines = "".join(
@@ -158,17 +182,9 @@ class Seq2SeqDataModule(LightningDataModule):
         os.replace(partial, self.corpus_path)
 
     def setup(self, stage: str) -> None:
-        if stage in ("fit", "validate") and not self.splits:
+        if stage in ("fit", "validate") and not self.splits and self.shards is None:
             pairs = self.pairs if self.pairs is not None else read_pairs(self.corpus_path, "data.data_dir")
-            # Split by source, so no validation source was trained on; validation scores each source once.
-            first_target = dict(reversed(pairs))  # each source's first target in the file
-            sources = list(dict.fromkeys(source for source, _ in pairs))
-            order = torch.randperm(len(sources), generator=torch.Generator().manual_seed(self.hparams.seed)).tolist()
-            # A list, not a set: every rank must see the validation pairs in the same order to shard them.
-            held_out = [sources[i] for i in order[: self._num_val(sources)]]
-            self.splits["val"] = [(source, first_target[source]) for source in held_out]
-            held_out_set = set(held_out)
-            self.splits["train"] = [pair for pair in pairs if pair[0] not in held_out_set]
+            self.splits["train"], self.splits["val"] = split_pairs(pairs, self.hparams.val_fraction, self.hparams.seed)
         if stage == "predict" and self.predict_sources is None:
             raise ValueError("predict needs data.predict_path: a file with one source per line")
 
@@ -202,18 +218,28 @@ class Seq2SeqDataModule(LightningDataModule):
             return Seq2SeqDataset(encoded_sources)
         return Seq2SeqDataset(encoded_sources, [[BOS, *ids, EOS] for ids in self.encode(targets)])
 
-    def _loader(self, dataset: Seq2SeqDataset, **kwargs) -> DataLoader:
+    def _loader(self, dataset: Dataset, loader: type[DataLoader] = DataLoader, **kwargs) -> DataLoader:
         on_gpu = self.trainer is not None and isinstance(self.trainer.accelerator, CUDAAccelerator)
         workers = self.hparams.num_workers
         if workers is None:
             workers = max(0, min(4, self._cores_per_process() - 1)) if on_gpu else 0
-        return DataLoader(
-            dataset,
-            collate_fn=collate,
-            num_workers=workers,
-            persistent_workers=workers > 0,
-            pin_memory=on_gpu,
-            **kwargs,
+        # A streaming loader's workers get the epoch and the batches to skip with a new copy of it every epoch.
+        persistent = workers > 0 and not isinstance(dataset, StreamingPairs)
+        kwargs.setdefault("collate_fn", collate)
+        return loader(dataset, num_workers=workers, persistent_workers=persistent, pin_memory=on_gpu, **kwargs)
+
+    def _streaming(self, split: str, shuffle: bool) -> StreamingPairs:
+        world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        return StreamingPairs(
+            ShardReader(self.hparams.path, split, self.shards[split]),
+            self.hparams.batch_size,
+            world_size,
+            rank,
+            ItemCollate(self.vocab),
+            shuffle=shuffle,
+            # The run's seed_everything, as Lightning's DistributedSampler has it: another seed, another order.
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+            pool_batches=50 if self.hparams.group_by_length else 1,
         )
 
     def _cores_per_process(self) -> int:
@@ -224,6 +250,8 @@ class Seq2SeqDataModule(LightningDataModule):
         return cores // self.trainer.num_devices
 
     def train_dataloader(self) -> DataLoader:
+        if self.shards is not None:
+            return self._loader(self._streaming("train", True), StreamingLoader, collate_fn=None, trainer=self.trainer)
         sources, targets = zip(*self.splits["train"], strict=True)
         dataset = self._dataset(list(sources), list(targets))
         if not self.hparams.group_by_length:
@@ -233,6 +261,8 @@ class Seq2SeqDataModule(LightningDataModule):
         return self._loader(dataset, batch_sampler=batches)
 
     def val_dataloader(self) -> DataLoader:
+        if self.shards is not None:
+            return self._loader(self._streaming("val", False), batch_size=None, collate_fn=None)
         # Sorted by length so a batch's greedy decoding stops early; the index keeps the pairs' identity.
         pairs = sorted(self.splits["val"], key=lambda pair: (len(pair[1]), len(pair[0])))
         sources, targets = zip(*pairs, strict=True)

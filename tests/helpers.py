@@ -2,6 +2,7 @@
 cluster, and what their ranks recorded."""
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -129,6 +130,14 @@ def check_ranks(probe_dir: Path, nodes: int = 2, per_node: int = 2) -> list[dict
         for name, value in records[0]["params"].items():
             assert torch.equal(value, record["params"][name]), name
     return records
+
+
+def write_pairs(path: Path, count: int, seed: int = 0) -> Path:
+    """A seq2seq TSV file of reversed letters (another task than the built-in one), repeats and mixed lengths."""
+    rng = random.Random(seed)
+    sources = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 14))) for _ in range(count)]
+    path.write_text("".join(f"{s}\t{s[::-1]}\n" for s in sources), encoding="utf-8")
+    return path
 
 
 def written_files(node: Path) -> list[str]:

@@ -69,6 +69,24 @@ class RankProbe(Callback):
         torch.save(record, self.out_dir / f"rank{trainer.global_rank}.pt")
 
 
+class BatchLog(Callback):
+    """Saves ``batches<N>.pt`` in ``out_dir`` from every rank N at the end of training: the world size and, for
+    every training batch, the global step it trained at, its epoch and the batch's ``key`` entry as a list."""
+
+    def __init__(self, out_dir: str, key: str = "index") -> None:
+        self.out_dir = Path(out_dir)
+        self.key = key
+        self.batches: list[tuple[int, int, list]] = []
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.batches.append((trainer.global_step, trainer.current_epoch, batch[self.key].tolist()))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        record = {"world_size": trainer.world_size, "batches": self.batches}
+        torch.save(record, self.out_dir / f"batches{trainer.global_rank}.pt")
+
+
 class SlowDown(Callback):
     """Sleeps after every training batch and writes the global step to ``progress_file``, so a test can
     interrupt a run at a known point in the middle of an epoch."""

@@ -1,4 +1,5 @@
 from training.checkpoint_io import AtomicCheckpointIO
+from training.early_stopping import StayStopped
 from training.monitor_check import MonitorCheck
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
@@ -21,6 +22,7 @@ __all__ = [
     "ResumeReport",
     "ScheduledProfiler",
     "Seq2SeqPredictionWriter",
+    "StayStopped",
     "StartupError",
     "UnusedParameterCheck",
 ]
