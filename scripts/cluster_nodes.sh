@@ -64,6 +64,11 @@ check_command() {
     fi
 }
 
+# The last line of $1, without the carriage return ssh ends its own messages with.
+last_line() {
+    tail -n 1 <<<"$1" | tr -d '\r'
+}
+
 # Check every host at once; name every problem, and start nothing if there is one.
 check_hosts() {
     local i status out where versions=() master problems=() pids=()
@@ -82,10 +87,10 @@ check_hosts() {
         where="${addresses[i]} (node $i)"
         case $status in
             0) ;;
-            255) problems+=("cannot reach $where over ssh: $(tail -n 1 <<<"$out"). Check that ssh $(quote "${ssh_options[@]}") ${hosts[i]} true logs in without a password or a question (the launcher never answers one): install a key (ssh-copy-id ${hosts[i]}), accept the host key once, or fix $hostfile.") ;;
+            255) problems+=("cannot reach $where over ssh: $(last_line "$out"). Check that ssh $(quote "${ssh_options[@]}") ${hosts[i]} true logs in without a password or a question (the launcher never answers one): install a key (ssh-copy-id ${hosts[i]}), accept the host key once, or fix $hostfile.") ;;
             90 | 91) problems+=("$where has no copy of this project in $PROJECT_DIR$( ((status == 90)) || echo " (no scripts/run_ddp_train.sh)"). Put the project there (the same commit as here), or set PROJECT_DIR to where it is on every host.") ;;
-            92) problems+=("on $where, ${PYTHON:-python} cannot import torch and lightning: $(tail -n 1 <<<"$out"). Install requirements.txt there, or set PYTHON to the Python that has them (a command run over ssh activates no virtual environment: PYTHON=/path/to/venv/bin/python).") ;;
-            *) problems+=("checking $where failed with status $status: $(tail -n 1 <<<"$out")") ;;
+            92) problems+=("on $where, ${PYTHON:-python} cannot import torch and lightning: $(last_line "$out"). Install requirements.txt there, or set PYTHON to the Python that has them (a command run over ssh activates no virtual environment: PYTHON=/path/to/venv/bin/python).") ;;
+            *) problems+=("checking $where failed with status $status: $(last_line "$out")") ;;
         esac
         ((status == 0)) || continue
         versions[i]=$(sed -n 's/^versions: //p' <<<"$out")
