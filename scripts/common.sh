@@ -129,6 +129,24 @@ pick_inherited_gpus() {
     echo "GPUS=$GPUS picks from CUDA_VISIBLE_DEVICES=$inherited, $set_by: training uses $visible_devices"
 }
 
+# The syntax of GPUS, the same on every node. Sets procs_per_node, accelerator and gpu_ids.
+parse_gpus() {
+    gpu_ids=()
+    if [[ $GPUS =~ ^cpu:([1-9][0-9]*)$ ]]; then
+        procs_per_node=${BASH_REMATCH[1]}
+        accelerator=cpu
+    elif [[ $GPUS =~ $gpu_list ]]; then
+        local duplicates
+        IFS=, read -r -a gpu_ids <<<"$GPUS"
+        procs_per_node=${#gpu_ids[@]}
+        duplicates=$(repeated "$GPUS")
+        [[ -z $duplicates ]] || die "GPUS=$GPUS lists GPU $duplicates more than once. List each GPU id once, e.g. 0,1."
+        accelerator=gpu
+    else
+        die "GPUS=$GPUS is neither a comma-separated list of GPU ids (e.g. 0,1) or UUIDs (GPU-..., MIG-..., as nvidia-smi -L shows them) nor cpu:N (e.g. cpu:2)."
+    fi
+}
+
 # Validate GPUS NODE_RANK [cli.py arguments...] and the settings, check the network to the master, then
 # parse the config; stop with the problem and its fix before anything starts.
 prepare_node() {
@@ -147,28 +165,19 @@ validate_node() {
     CLUSTER_ENV=${CLUSTER_ENV:-scripts/cluster.env}
 
     local inherited=${CUDA_VISIBLE_DEVICES:-}
-    if [[ $GPUS =~ ^cpu:([1-9][0-9]*)$ ]]; then
-        procs_per_node=${BASH_REMATCH[1]}
-        accelerator=cpu
-        visible_devices=
-    elif [[ $GPUS =~ $gpu_list ]]; then
-        local gpu_ids duplicates
-        IFS=, read -r -a gpu_ids <<<"$GPUS"
-        procs_per_node=${#gpu_ids[@]}
-        duplicates=$(repeated "$GPUS")
-        [[ -z $duplicates ]] || die "GPUS=$GPUS lists GPU $duplicates more than once. List each GPU id once, e.g. 0,1."
-        accelerator=gpu
+    parse_gpus
+    visible_devices=
+    if [[ $accelerator == gpu ]]; then
         visible_devices=$GPUS
         [[ -z $inherited ]] || pick_inherited_gpus "${gpu_ids[@]}"
-    else
-        die "GPUS=$GPUS is neither a comma-separated list of GPU ids (e.g. 0,1) or UUIDs (GPU-..., MIG-..., as nvidia-smi -L shows them) nor cpu:N (e.g. cpu:2)."
     fi
     [[ $NODE_RANK =~ ^[0-9]+$ ]] || die "NODE_RANK=$NODE_RANK is not a non-negative integer. Use 0 on the master and 1, 2, ... on the workers."
     NODE_RANK=$((10#$NODE_RANK))
 
     settings=()
     load_settings "$CLUSTER_ENV"
-    require MASTER_ADDR MASTER_PORT CONFIGS CONNECT_TIMEOUT LOG_DIR
+    MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} # this machine alone; scripts/launch_cluster.sh passes the master's address
+    require MASTER_PORT CONFIGS CONNECT_TIMEOUT LOG_DIR
     if [[ ! $MASTER_PORT =~ ^[0-9]+$ ]] || ((MASTER_PORT < 1 || MASTER_PORT > 65535)); then
         die "MASTER_PORT=$MASTER_PORT is not a TCP port number (1-65535). Fix it in $CLUSTER_ENV."
     fi
@@ -234,7 +243,7 @@ export_node_environment() {
     export CUDA_VISIBLE_DEVICES=$visible_devices # even when empty: cpu:N hides every GPU
     # CUDA numbers the GPUs fastest first, nvidia-smi (whose ids GPUS takes) by PCI bus: have CUDA count the same way.
     CUDA_DEVICE_ORDER=${CUDA_DEVICE_ORDER:-PCI_BUS_ID}
-    export_keys=("${settings[@]}" NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER)
+    export_keys=("${settings[@]}" MASTER_ADDR NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER)
 }
 
 # Export every name in export_keys that has a value (an empty setting means "not set") and list the

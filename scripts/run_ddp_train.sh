@@ -21,6 +21,8 @@
 #   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
 #   DRY_RUN=1           print this node's environment and command, then exit
 #   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM to training and killing it
+#   STOP_WITH_STDIN=1   a line INT or TERM on standard input acts as that signal, and its end as SIGTERM
+#                       (scripts/launch_cluster.sh sets it: a node stops when its ssh connection closes)
 #   PYTHON=python       the Python interpreter
 set -euo pipefail
 
@@ -66,8 +68,37 @@ forward() {
     stop_launch "$1" "$2" "$(kill -0 "$child" 2>/dev/null && echo "$child")"
 }
 
+# With STOP_WITH_STDIN, standard input comes from whoever started this node over ssh (scripts/launch_cluster.sh):
+# a line INT or TERM asks for a stop as that signal does, and its end, which arrives however the starter ended
+# (SIGKILL included) or its connection closed, stops training as SIGTERM does. sshd signals nothing when a
+# connection without a terminal closes: without this, a node would train on with nobody to stop it.
+# shellcheck disable=SC2329  # runs in the background
+follow_stdin() {
+    local line
+    while IFS= read -r line; do
+        [[ $line != INT && $line != TERM ]] || ! started_by_this_script || kill -s "$line" "$$"
+    done
+    ! started_by_this_script || kill -s TERM "$$"
+}
+
+# Whether the process calling this is still this script's child: once the script has exited, its pid may be
+# another process's.
+# shellcheck disable=SC2329  # called from follow_stdin
+started_by_this_script() {
+    local stat parent
+    read -r stat <"/proc/$BASHPID/stat"
+    read -r _ parent _ <<<"${stat##*) }"
+    [[ $parent == "$$" ]]
+}
+
+# shellcheck disable=SC2329  # called from traps
+stop_following() {
+    [[ -z ${stdin_follower:-} ]] || kill "$stdin_follower" 2>/dev/null || true
+}
+
 # shellcheck disable=SC2329  # called from traps
 on_exit() {
+    stop_following
     stop_launch KILL "exiting" "$(launch_processes)"
     [[ -z ${fifo_dir:-} ]] || rm -rf "$fifo_dir"
 }
@@ -77,6 +108,11 @@ MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
 [[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || die "LAUNCHER=$LAUNCHER: use lightning (the default) or torchrun."
 [[ $MAX_RESTARTS =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=$MAX_RESTARTS is not a non-negative integer."
+if [[ -n ${STOP_WITH_STDIN:-} && $STOP_WITH_STDIN != 0 ]]; then
+    follow_stdin <&0 >/dev/null 2>&1 &
+    stdin_follower=$!
+    trap stop_following EXIT
+fi
 prepare_node "$@"
 export_node_environment
 

@@ -1,7 +1,6 @@
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -69,30 +68,7 @@ def run_cli(tmp_path, monkeypatch):
 @pytest.fixture
 def two_hosts():
     """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
-    tag = f"{os.getpid() % 100000}"
-    hosts = [
-        {"netns": f"ddp{tag}a", "interface": f"vddp{tag}a", "address": "10.231.0.1"},
-        {"netns": f"ddp{tag}b", "interface": f"vddp{tag}b", "address": "10.231.0.2"},
-    ]
-    a, b = hosts
-    setup = [
-        ["ip", "netns", "add", a["netns"]],
-        ["ip", "netns", "add", b["netns"]],
-        ["ip", "link", "add", a["interface"], "type", "veth", "peer", "name", b["interface"]],
-    ]
-    for host in hosts:
-        setup += [
-            ["ip", "link", "set", host["interface"], "netns", host["netns"]],
-            ["ip", "-n", host["netns"], "addr", "add", f"{host['address']}/24", "dev", host["interface"]],
-            ["ip", "-n", host["netns"], "link", "set", host["interface"], "up"],
-            ["ip", "-n", host["netns"], "link", "set", "lo", "up"],
-        ]
-    try:
-        for command in setup:
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                pytest.skip(f"cannot create network namespaces here ({' '.join(command)}: {done.stderr.strip()})")
+    from tests.hosts import network_namespaces
+
+    with network_namespaces(f"{os.getpid() % 100000}") as hosts:
         yield hosts
-    finally:
-        for host in hosts:
-            subprocess.run(["ip", "netns", "delete", host["netns"]], capture_output=True)

@@ -295,8 +295,11 @@ def test_missing_settings_are_named(node):
     settings = write_settings(node, "MASTER_ADDR=127.0.0.1\nCONFIGS=configs/ddp.yaml\n")
     err = fails(node, "cpu:1", "0", CLUSTER_ENV=settings)
     assert f"MASTER_PORT is not set. Set it in {settings}" in err
-    err = fails(node, "cpu:1", "0", MASTER_ADDR="")
-    assert "MASTER_ADDR is not set" in err
+
+
+def test_an_empty_master_addr_is_this_machine(node):
+    env, _ = validated(node, "cpu:1", "0", MASTER_ADDR="")
+    assert env["MASTER_ADDR"] == "127.0.0.1"
 
 
 def test_malformed_settings_line_is_named(node):
