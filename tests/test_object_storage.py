@@ -187,6 +187,18 @@ def test_a_new_run_started_from_the_checkpoint_leaves_the_first_run_whole(s3, re
     assert load(s3, f"{LOGS}/toy/second/checkpoints/last.ckpt")["global_step"] == 3 * STEPS
 
 
+@pytest.mark.distributed
+def test_a_checkpoint_the_bucket_does_not_hold_is_named_before_anything_starts(s3, run_cli, monkeypatch, capsys):
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli("validate", "-c", DDP_YAML, *SINGLE_PROCESS, f"--ckpt_path={RUN}/checkpoints/missing.ckpt")
+    assert exit_info.value.code == 2
+    assert f"error: --ckpt_path {RUN}/checkpoints/missing.ckpt: no such checkpoint file or directory." in (
+        capsys.readouterr().err
+    )
+
+
 def test_an_object_store_without_its_client_names_the_requirements_file(monkeypatch):
     def no_client(protocol: str):
         raise ImportError(f"Install s3fs to access {protocol}")
