@@ -1,6 +1,6 @@
 """logs/ in an object store: a 2-process run writing to an S3 bucket (moto's S3 server on loopback, in a process of
 its own that outlives the job), killed, resumed by the same command from the bucket, then validated, tested and
-predicted from the checkpoint there; a new run started from that checkpoint leaves it in place."""
+predicted from the checkpoint there; a run resumed from its best checkpoint keeps that file."""
 
 import logging
 import os
@@ -176,15 +176,17 @@ def test_validate_test_and_predict_use_the_checkpoint_in_the_bucket(s3, resumed,
 
 
 @pytest.mark.distributed
-def test_a_new_run_started_from_the_checkpoint_leaves_the_first_run_whole(s3, resumed, run_cli, monkeypatch):
-    # Lightning 2.6.6 deletes the checkpoint a run started from when it lies in another remote directory (#21813).
+def test_a_run_resumed_from_its_best_checkpoint_keeps_that_checkpoint(s3, resumed, run_cli, monkeypatch):
+    # Lightning 2.6.6 removes the checkpoint a run resumed from, once a better one is saved, when it lies in an
+    # object store (#21813); on a local disk it keeps it.
     for name, value in s3.env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv("RUN_ID", "second")
-    before = files(s3, RUN)
-    run_cli(*fit_args(*SINGLE_PROCESS, "--trainer.max_epochs=3", f"--ckpt_path={RUN}/checkpoints/last.ckpt"))
-    assert files(s3, RUN) == before
-    assert load(s3, f"{LOGS}/toy/second/checkpoints/last.ckpt")["global_step"] == 3 * STEPS
+    (best,) = [name for name in files(s3, RUN) if name.startswith("checkpoints/epoch")]
+    run_cli(*fit_args(*SINGLE_PROCESS, "--trainer.max_epochs=3", f"--ckpt_path={RUN}/{best}"))
+    written = [name for name in files(s3, RUN) if name.startswith("checkpoints/epoch")]
+    assert best in written, "the checkpoint the run resumed from was removed"
+    assert len(written) == 2, f"no better checkpoint was saved, so none was up for removal: {written}"
+    assert load(s3, f"{RUN}/checkpoints/last.ckpt")["global_step"] == 3 * STEPS
 
 
 @pytest.mark.distributed

@@ -33,8 +33,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     exception or a stop signal) wait for every write.
 
     It removes no checkpoint the run resumed from, and none outside the directory it last saved into. Lightning
-    2.6.6 guards against both for local paths only: with an object store, a run that started from another run's
-    ``last.ckpt`` deleted that file after its own first save (Lightning #21813).
+    2.6.6 guards against both for local paths only (Lightning #21813): in an object store, a run resumed from its
+    best checkpoint deleted that file once it saved a better one, and with ``monitor=None`` a run started from
+    another run's checkpoint deleted that one at its first save.
 
     Args:
         background: write checkpoints in a background thread.
