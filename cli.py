@@ -34,9 +34,11 @@ from training import DDPStrategy, StartupError
 from training.combinations import combination_problem, devices_problem
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
+from training.mlflow_logger import mlflow_problem
 from training.parser import Parser, optimizer_problem
-from training.resume import checkpoint_problem, past_end
+from training.resume import checkpoint_problem, past_end, resume_path
 from training.run_record import RunRecord
+from training.storage import storage_problem
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -70,7 +72,9 @@ class CLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
-        if problem := checkpoint_problem(config.get("ckpt_path"), config.get("trainer.default_root_dir")):
+        if problem := storage_problem(config.as_dict()) or checkpoint_problem(
+            config.get("ckpt_path"), config.get("trainer.default_root_dir")
+        ):
             parser.error(problem)
 
     def before_instantiate_classes(self) -> None:
@@ -79,15 +83,23 @@ class CLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         config = self.config[self.subcommand]
         settings = config.as_dict()
-        if problem := optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings):
+        problem = optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings)
+        if problem := problem or mlflow_problem(settings):
             self.parser.error(problem)
         torch.set_float32_matmul_precision(config.matmul_precision)
-        logger = config.trainer.logger
-        if isinstance(logger, Namespace) and "name" in logger.get("init_args", {}) and logger.init_args.name is None:
-            # A logger without a name (configs/ddp.yaml) logs under the model's: the runs of a model given with
-            # --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
-            model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
-            logger.init_args.name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+        loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+        model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
+        for logger in loggers:
+            # A logger without a name (configs/ddp.yaml, configs/mlflow.yaml) logs under the model's: the runs of a
+            # model given with --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
+            for key in ("name", "experiment_name"):
+                if (
+                    isinstance(logger, Namespace)
+                    and key in logger.get("init_args", {})
+                    and logger.init_args[key] is None
+                ):
+                    named = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+                    logger.init_args[key] = named
 
     def instantiate_classes(self) -> None:
         try:
@@ -106,10 +118,18 @@ class CLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
+        self.resolve_ckpt_path()
         # Runs in the launching process: a run past its end stops here, before any other process starts.
-        problem = past_end(self.trainer, self.config.fit.ckpt_path, self.config.fit.weights_only)
+        problem = past_end(self.trainer, self.config_init.fit.ckpt_path, self.config.fit.weights_only)
         if problem:
             self.parser.error(problem)
+
+    def resolve_ckpt_path(self) -> None:
+        # ckpt_path: last with the run in an object store, which Lightning 2.6.6 cannot search (training/resume.py).
+        config = self.config_init[self.subcommand]
+        config.ckpt_path = resume_path(self.trainer, config.ckpt_path)
+
+    before_validate = before_test = before_predict = resolve_ckpt_path
 
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:

@@ -188,3 +188,20 @@ def assert_everything_stopped(node: Path, port: str) -> None:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", int(port)))
         listener.listen()
+
+
+def serve(command: list[str], port: int, log: Path, timeout: float = 120) -> subprocess.Popen:
+    """Start a server on 127.0.0.1:``port`` (its output in ``log``) and wait until it accepts connections. It runs
+    outside the test's directories, so a test's clean-up of training processes leaves it up, and outlives any job the
+    test kills."""
+    server = subprocess.Popen(command, cwd="/", stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise AssertionError(f"{command[0]} did not start on port {port}:\n{log.read_text()}") from None
+            time.sleep(0.2)

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
+
+from training.checkpoint_io import AtomicCheckpointIO
 
 
 class RankProbe(Callback):
@@ -62,7 +65,7 @@ class RankProbe(Callback):
             "device": str(pl_module.device),
             "scaler_at_start": self.scaler_at_start,
             "layer_dtypes": sorted(self.layer_dtypes),
-            "inputs": torch.cat(self.inputs) if self.inputs else torch.empty(0),
+            "inputs": torch.cat(self.inputs) if self.inputs else torch.empty(0),  # a run resumed after epoch 0: none
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
             "datamodule_state": trainer.datamodule.state_dict() if trainer.datamodule else {},
         }
@@ -223,3 +226,23 @@ class TokenRate(Callback):
     def synchronize(pl_module: LightningModule) -> None:
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
+
+
+WRITES_RELEASED = threading.Event()
+
+
+class SavesAfterTrainingEnds(AtomicCheckpointIO):
+    """Background checkpoint writes that cannot finish before training has ended (``ReleaseSaves`` lets them go)."""
+
+    def __init__(self) -> None:
+        super().__init__(background=True)
+        WRITES_RELEASED.clear()
+
+    def write(self, checkpoint: dict, path: str) -> None:
+        WRITES_RELEASED.wait(timeout=600)
+        super().write(checkpoint, path)
+
+
+class ReleaseSaves(Callback):
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        WRITES_RELEASED.set()

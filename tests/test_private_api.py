@@ -12,7 +12,7 @@ import lightning
 from lightning.pytorch import Trainer
 
 from tests.helpers import REPO
-from training.private_api import CHECKED_WITH, omegaconf_loader, stop_sigterm_broadcast
+from training.private_api import CHECKED_WITH, attach_mlflow_run, omegaconf_loader, stop_sigterm_broadcast
 
 
 def moved(library: str, installed: str, use: str) -> str:
@@ -37,6 +37,18 @@ def test_lightning_still_broadcasts_sigterm_after_every_batch_and_it_can_be_stop
     assert "self._broadcast_sigterm_tensor()" in advance, moved("lightning", lightning.__version__, use)
     assert stop_sigterm_broadcast(trainer), moved("lightning", lightning.__version__, use)
     assert "_broadcast_sigterm_tensor" in vars(epoch_loop), "the loop's own method would still run"
+
+
+def test_lightning_still_logs_to_the_mlflow_run_it_was_given():
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    logger = MLFlowLogger.__new__(MLFlowLogger)  # its constructor imports mlflow, which takes seconds
+    attach_mlflow_run(logger, "0123")
+    use = "MLFlowLogger._run_id, read by its experiment property"
+    assert logger._run_id == "0123", moved("lightning", lightning.__version__, use)
+    source = inspect.getsource(type(logger).experiment.fget)
+    assert "if self._run_id is not None:" in source, moved("lightning", lightning.__version__, use)
+    assert "self._mlflow_client.get_run(self._run_id)" in source, moved("lightning", lightning.__version__, use)
 
 
 def private_uses(path: Path) -> list[str]:

@@ -1,5 +1,6 @@
 from training.checkpoint_io import AtomicCheckpointIO
 from training.early_stopping import StayStopped
+from training.mlflow_logger import MLFlowLogger
 from training.monitor_check import MonitorCheck
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
 from training.preemption import PreemptionCheckpoint
@@ -14,6 +15,7 @@ from training.unused_parameters import UnusedParameterCheck
 __all__ = [
     "AtomicCheckpointIO",
     "DDPStrategy",
+    "MLFlowLogger",
     "MonitorCheck",
     "PredictionWriter",
     "PreemptionCheckpoint",

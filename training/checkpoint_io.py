@@ -1,6 +1,8 @@
-"""Checkpoints written to a temporary file beside their destination and renamed into place."""
+"""Checkpoints written to a temporary file beside their destination and renamed into place, in the background if
+asked, and removed only from the directory the run saves into."""
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +10,9 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from training.storage import parent
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -16,27 +21,113 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     The checkpoint is streamed to ``.<name>.partial`` in the destination directory, synced to disk, then
     renamed over the destination. Lightning's own save goes through a temporary file in the system temp
     directory, which becomes a non-atomic copy when that is another filesystem (a mounted volume, say).
-    A ``.partial`` file left by a kill is overwritten by the next save of the same checkpoint.
+    A ``.partial`` file left by a kill is overwritten by the next save of the same checkpoint. An object store
+    (``s3://``) shows an object only once its upload is complete, which is atomic already.
+
+    With ``background``, a save copies the checkpoint's tensors into host memory and returns: a thread writes
+    the copy while training goes on. Removals (ModelCheckpoint's previous best, right after it asked for the new
+    save) wait in the same queue, so a kill never leaves the old file removed and the new one unwritten. Before
+    the copy of a later step, the writes of earlier steps are awaited (an error of a write is raised there) and
+    their copies' memory is used again: host memory holds the copies of one step's checkpoints (the best and the
+    last: twice the state) while the run trains. Loading and the end of the run (``teardown``, also after an
+    exception or a stop signal) wait for every write.
+
+    It removes no checkpoint the run resumed from, and none outside the directory it last saved into. Lightning
+    2.6.6 guards against both for local paths only (Lightning #21813): in an object store, a run resumed from its
+    best checkpoint deleted that file once it saved a better one, and with ``monitor=None`` a run started from
+    another run's checkpoint deleted that one at its first save.
+
+    Args:
+        background: write checkpoints in a background thread.
     """
+
+    def __init__(self, background: bool = False) -> None:
+        super().__init__()
+        self.background = background
+        self.loaded: str | None = None
+        self.saving_into: str | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.pending: list[tuple[int, Future, list[torch.Tensor]]] = []  # (global step, write or removal, its copies)
+        self.spare: dict[tuple, list[torch.Tensor]] = {}  # host memory of written copies, by shape and dtype
+        self.step = 0  # of the newest checkpoint asked for
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
     ) -> None:
-        if not isinstance(get_filesystem(path), LocalFileSystem):
-            super().save_checkpoint(checkpoint, path, storage_options)  # object stores upload atomically
-            return
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not take storage_options, got {storage_options!r}")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
+        if not self.background:
+            self.write(checkpoint, str(path))
+            return
+        self.step = checkpoint.get("global_step", self.step)
+        self.wait(before_step=self.step)
+        copies: list[torch.Tensor] = []
+
+        def copy(tensor: torch.Tensor) -> torch.Tensor:
+            # Into the memory of an earlier, written copy where there is one: first writes to fresh memory cost
+            # more than the copy itself.
+            spare = self.spare.get((tensor.shape, tensor.dtype))
+            copied = (spare.pop() if spare else torch.empty(tensor.shape, dtype=tensor.dtype)).copy_(tensor.detach())
+            copies.append(copied)
+            return copied
+
+        # The only time training waits: tensors the next steps change in place, copied to host memory.
+        self.queue(self.write, apply_to_collection(checkpoint, torch.Tensor, copy), str(path), copies=copies)
+
+    def write(self, checkpoint: dict[str, Any], path: str) -> None:
+        self.saving_into = parent(path)
+        if not isinstance(get_filesystem(path), LocalFileSystem):
+            super().save_checkpoint(checkpoint, path)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
         with open(partial, "wb") as file:
             torch.save(checkpoint, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(partial, path)
-        directory = os.open(path.parent, os.O_RDONLY)
+        os.replace(partial, target)
+        directory = os.open(target.parent, os.O_RDONLY)
         try:
             os.fsync(directory)  # make the rename itself survive a crash
         finally:
             os.close(directory)
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        if self.background:
+            self.queue(self.remove, str(path), copies=[])
+        else:
+            self.remove(str(path))
+
+    def remove(self, path: str) -> None:
+        if path == self.loaded or (self.saving_into is not None and parent(path) != self.saving_into):
+            return
+        super().remove_checkpoint(path)
+
+    def load_checkpoint(self, path: str | os.PathLike, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.wait()
+        self.loaded = str(path)
+        return super().load_checkpoint(path, *args, **kwargs)
+
+    def teardown(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.spare.clear()
+            if self.executor is not None:
+                self.executor.shutdown()
+                self.executor = None
+
+    def queue(self, work: Any, *args: Any, copies: list[torch.Tensor]) -> None:
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self.pending.append((self.step, self.executor.submit(work, *args), copies))
+
+    def wait(self, before_step: int | None = None) -> None:
+        """Wait for the queued writes and removals (of steps before ``before_step``); raise the first error."""
+        waiting = [item for item in self.pending if before_step is None or item[0] < before_step]
+        self.pending = [item for item in self.pending if before_step is not None and item[0] >= before_step]
+        for _, future, copies in waiting:
+            future.result()
+            for copied in copies:  # written: its memory takes the next copy of a tensor of its shape
+                self.spare.setdefault((copied.shape, copied.dtype), []).append(copied)

@@ -27,7 +27,22 @@ def combination_problem(config: dict[str, Any]) -> str | None:
             "optimizer step. Clip by value (--trainer.gradient_clip_algorithm=value), drop the clipping "
             "(--trainer.gradient_clip_val=null), or train with DDP (leave out the FSDP config)."
         )
+    if _init_args_with(trainer.get("callbacks"), "save_last", "link") and _init_args_with(
+        trainer.get("plugins"), "background", True
+    ):
+        return (
+            "a ModelCheckpoint with save_last: link makes last.ckpt a link to the newest checkpoint as soon as its "
+            "save is asked for, and the AtomicCheckpointIO with background: true writes that checkpoint later: a kill "
+            "in between leaves last.ckpt pointing at nothing, and the same command would start the run afresh. Set "
+            "save_last: true (a copy), or background: false on the AtomicCheckpointIO entry of trainer.plugins."
+        )
     return None
+
+
+def _init_args_with(entries: Any, key: str, value: Any) -> bool:
+    """Whether any ``class_path`` entry of ``entries`` (a list of them, or one) sets ``key`` to ``value``."""
+    entries = entries if isinstance(entries, list) else [entries]
+    return any(isinstance(entry, dict) and (entry.get("init_args") or {}).get(key) == value for entry in entries)
 
 
 def devices_problem(config: dict[str, Any]) -> str | None:

@@ -7,6 +7,8 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.cloud_io import get_filesystem
+
 # Where Python and the installed packages live; their versions are compared on their own (torch, Lightning).
 INSTALLED = tuple(
     str(Path(p).resolve())
@@ -74,8 +76,9 @@ def items_digest(items: dict[str, str]) -> str:
 
 
 def checkpoint_fact(path: str | None) -> str:
-    """The checkpoint a process loads, with its size, so nodes reading different files show up."""
+    """The checkpoint a process loads (a local path or an object store URL), with its size, so nodes reading
+    different files show up."""
     if path is None:
         return "none"
-    files = [Path(path)] if Path(path).is_file() else [p for p in Path(path).rglob("*") if p.is_file()]
-    return f"{path} ({sum(file.stat().st_size for file in files)} bytes)"
+    fs = get_filesystem(path)
+    return f"{path} ({fs.du(path) if fs.isdir(path) else fs.size(path)} bytes)"

@@ -7,8 +7,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
+
+from training.storage import is_remote
 
 
 def unbatch(batch: Any) -> list[Any]:
@@ -57,7 +60,8 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Sequence[Any]
     ) -> None:
-        path = Path(self.output_path or Path(trainer.log_dir) / f"predictions{self.suffix}")  # log_dir: every rank
+        # log_dir: read by every rank (a broadcast); a local path or an object store URL.
+        path = self.output_path or f"{trainer.log_dir.rstrip('/')}/predictions{self.suffix}"
         local = self.rows(trainer, predictions, batch_indices)
         shards = [local]
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
@@ -68,13 +72,18 @@ class PredictionWriter(BasePredictionWriter):
         merged = {index: row for shard in shards for index, row in shard.items()}
         if sorted(merged) != list(range(len(merged))):
             raise RuntimeError(f"predictions cover {len(merged)} inputs, not inputs 0 to {len(merged) - 1}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Renamed into place, so a reader never sees half a file. A plain open gives it the permissions of the run's
-        # other files (the umask's); a tempfile module file would stay 0600, unreadable to the run's other users.
-        partial = path.with_name(f".{path.name}.partial")
-        with open(partial, "wb") as file:
-            self.save(trainer, [merged[index] for index in range(len(merged))], file)
-        os.replace(partial, path)
+        rows = [merged[index] for index in range(len(merged))]
+        if is_remote(path):
+            with get_filesystem(path).open(path, "wb") as file:  # an object appears once its upload is complete
+                self.save(trainer, rows, file)
+        else:
+            # Renamed into place, so a reader never sees half a file. A plain open gives it the permissions of the
+            # run's other files (the umask's); a tempfile module file would stay 0600, unreadable to other users.
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(path).with_name(f".{Path(path).name}.partial")
+            with open(partial, "wb") as file:
+                self.save(trainer, rows, file)
+            os.replace(partial, path)
         print(f"Wrote {len(merged)} predictions to {path}")
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import MLFlowLogger
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
@@ -36,3 +37,13 @@ def stop_sigterm_broadcast(trainer: Trainer) -> bool:
         return False
     epoch_loop._broadcast_sigterm_tensor = lambda: None
     return True
+
+
+def attach_mlflow_run(logger: MLFlowLogger, run_id: str) -> None:
+    """Make Lightning's MLFlowLogger log to the existing MLflow run ``run_id`` instead of creating one.
+
+    training/mlflow_logger.py finds the run of a run id on the logger's first use, on global rank 0 once the
+    processes started; Lightning takes an existing run only as the constructor's ``run_id``, which every process
+    (and node) builds before it knows its rank, and which would make them all talk to the server.
+    """
+    logger._run_id = run_id

@@ -17,36 +17,56 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from training.storage import is_remote, parent, shown
 
-def checkpoint_dir(trainer: Trainer) -> Path | None:
-    """The directory ``trainer.checkpoint_callback`` writes to, resolved as ModelCheckpoint does in its setup."""
+
+def checkpoint_dir(trainer: Trainer) -> str | None:
+    """The directory ``trainer.checkpoint_callback`` writes to, resolved as ModelCheckpoint does in its setup: a local
+    path or an object store URL."""
     callback = trainer.checkpoint_callback
     if not isinstance(callback, ModelCheckpoint):
         return None
     if callback.dirpath:
-        return Path(callback.dirpath)
+        return str(callback.dirpath)
     if not trainer.loggers:
-        return Path(trainer.default_root_dir) / "checkpoints"
+        return f"{str(trainer.default_root_dir).rstrip('/')}/checkpoints"
     logger = trainer.loggers[0]
     version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
-    return Path(logger.save_dir or trainer.default_root_dir) / str(logger.name) / version / "checkpoints"
+    return f"{str(logger.save_dir or trainer.default_root_dir).rstrip('/')}/{logger.name}/{version}/checkpoints"
 
 
-def last_checkpoint_path(trainer: Trainer) -> Path:
+def last_checkpoint_path(trainer: Trainer) -> str:
     """Where the run's ``last.ckpt`` is written (or was, by an earlier run with the same id)."""
     callback = trainer.checkpoint_callback
     if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
-        return Path(callback.last_model_path)
-    return checkpoint_dir(trainer) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+        return str(callback.last_model_path)
+    return f"{checkpoint_dir(trainer)}/{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
 
 
-def last_checkpoint(trainer: Trainer) -> Path | None:
+def last_checkpoint(trainer: Trainer) -> str | None:
     """The checkpoint ``ckpt_path: last`` loads: the newest ``last.ckpt`` (or ``last-N.ckpt``) of the run, if any."""
     directory = checkpoint_dir(trainer)
-    if directory is None or not directory.is_dir():
+    if directory is None:
         return None
-    found = [path for path in directory.iterdir() if re.fullmatch(r"last(-\d+)?\.ckpt", path.name)]
-    return max(found, key=lambda path: path.stat().st_mtime, default=None)
+    fs = get_filesystem(directory)
+    fs.invalidate_cache(directory)  # another process (an earlier attempt) wrote there
+    if not fs.isdir(directory):
+        return None
+    found = [
+        fs.unstrip_protocol(path) if is_remote(directory) else path
+        for path in fs.ls(directory, detail=False)
+        if re.fullmatch(r"last(-\d+)?\.ckpt", path.rstrip("/").rsplit("/", 1)[-1])
+    ]
+    return max(found, key=fs.modified, default=None)
+
+
+def resume_path(trainer: Trainer, ckpt_path: str | None) -> str | None:
+    """``ckpt_path`` as the subcommand should get it: ``last`` in an object store becomes the newest ``last.ckpt``
+    there (or None), which Lightning 2.6.6 would not find (#18261: it drops the URL's protocol); anything else as
+    given."""
+    if ckpt_path == "last" and is_remote(checkpoint_dir(trainer)):
+        return last_checkpoint(trainer)
+    return ckpt_path
 
 
 def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
@@ -57,7 +77,7 @@ def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
     except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
-            f"the checkpoint {Path(path).resolve()} cannot be read as a Lightning checkpoint ({reason}). Give "
+            f"the checkpoint {shown(path)} cannot be read as a Lightning checkpoint ({reason}). Give "
             "--ckpt_path a checkpoint this template wrote, or move the damaged file away to start the run afresh."
         ) from None
 
@@ -75,17 +95,26 @@ def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None) -> st
         return None
     if found_by_lightning(ckpt_path):
         return name_problem(ckpt_path, root_dir or os.getcwd())
-    if not get_filesystem(ckpt_path).exists(ckpt_path):
+    fs = get_filesystem(ckpt_path)
+    try:
+        found = fs.exists(ckpt_path)
+    except Exception as error:  # an object store that cannot be reached or refuses the credentials
+        return (
+            f"--ckpt_path {ckpt_path} cannot be read: {type(error).__name__}: {error}. Check the store's address "
+            "(AWS_ENDPOINT_URL for an S3-compatible server) and credentials (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY or ~/.aws)."
+        )
+    if not found:
         return (
             f"--ckpt_path {ckpt_path}: no such checkpoint file or directory. Give the path of a .ckpt file, or of "
             "the directory of a sharded checkpoint."
         )
-    if Path(ckpt_path).is_dir() and not (Path(ckpt_path) / ".metadata").is_file():
+    if fs.isdir(ckpt_path) and not fs.isfile(f"{ckpt_path.rstrip('/')}/.metadata"):
         return (
             f"--ckpt_path {ckpt_path} is a directory, but not a sharded checkpoint (it has no .metadata file). "
             "Give the path of a .ckpt file in it, such as checkpoints/last.ckpt."
         )
-    if Path(ckpt_path).is_file():
+    if not is_remote(ckpt_path) and Path(ckpt_path).is_file():  # a remote one is read once, by Lightning
         try:
             counters(ckpt_path)
         except ValueError as error:
@@ -129,7 +158,7 @@ def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None)
     if ckpt_path is None or found_by_lightning(ckpt_path):
         return None
     path = last_checkpoint(trainer) if ckpt_path == "last" else ckpt_path
-    if path is None or "://" in str(path) or Path(path).is_dir():
+    if path is None or is_remote(path) or Path(path).is_dir():
         return None  # nothing to resume, or a checkpoint Lightning resolves or reads itself (sharded, remote)
     try:
         epochs, steps = counters(path, weights_only is not False)
@@ -142,9 +171,9 @@ def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None)
         over.append(f"trainer.max_steps={trainer.max_steps}")
     if not over:
         return None
-    run = (checkpoint_dir(trainer) or Path(path).parent).resolve().parent
+    run = shown(parent(checkpoint_dir(trainer) or parent(path)))
     return (
-        f"the run in {run} is past the end this config sets: its checkpoint {Path(path).resolve()} was saved "
+        f"the run in {run} is past the end this config sets: its checkpoint {shown(path)} was saved "
         f"at epoch {epochs - 1}, step {steps} ({epochs} epochs begun), beyond {' and '.join(over)}. To continue "
         "this run, raise that limit; to train with these settings from the start, set RUN_ID to a new run name. "
         "Nothing was started."
@@ -171,10 +200,8 @@ class ResumeReport(Callback):
         if self.loaded:
             rank_zero_info(f"{doing} with the weights of {self.loaded}.")
         else:
-            where = checkpoint_dir(trainer) or Path(trainer.default_root_dir)
-            rank_zero_info(
-                f"{doing} with untrained weights: no --ckpt_path was given and {where.resolve()} holds no last.ckpt."
-            )
+            where = shown(checkpoint_dir(trainer) or trainer.default_root_dir)
+            rank_zero_info(f"{doing} with untrained weights: no --ckpt_path was given and {where} holds no last.ckpt.")
         self.loaded = None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -189,7 +216,7 @@ class ResumeReport(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.resumed_step == trainer.global_step:
             # Without a ModelCheckpoint, the run is where its checkpoint came from.
-            run = (checkpoint_dir(trainer) or Path(trainer.ckpt_path)).parent
+            run = parent(checkpoint_dir(trainer) or trainer.ckpt_path)
             rank_zero_info(
                 f"Nothing to train: the run in {run} already reached its end (epoch "
                 f"{trainer.current_epoch}, step {trainer.global_step}; trainer.max_epochs={trainer.max_epochs}, "

@@ -12,6 +12,11 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from training.fingerprint import config_items
+from training.mlflow_logger import MLFlowLogger
+
+PER_NODE = ("num_nodes", "devices")  # left out of config_items, which the nodes compare
+
 
 class RunRecord(SaveConfigCallback):
     """Saves the config of ``fit`` when the run first saves a checkpoint (or ends training without one).
@@ -34,6 +39,12 @@ class RunRecord(SaveConfigCallback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.started_at = trainer.global_step
+        if trainer.is_global_zero:
+            settings = self.config.as_dict()
+            items = {**config_items(settings), **{f"trainer.{key}": str(settings["trainer"][key]) for key in PER_NODE}}
+            for logger in trainer.loggers:
+                if isinstance(logger, MLFlowLogger):  # the config as the tracker's parameters
+                    logger.log_config(items)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self.write(trainer)
