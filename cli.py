@@ -19,13 +19,11 @@ Any other module plugs in without editing this file:
 """
 
 import os
-import re
 import sys
 import warnings
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -36,7 +34,7 @@ from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser, optimizer_problem
 from training.resume import checkpoint_problem, past_end
-from training.run_record import RunRecord
+from training.run_record import RunRecord, name_the_logger
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
@@ -82,12 +80,7 @@ class CLI(LightningCLI):
         if problem := optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings):
             self.parser.error(problem)
         torch.set_float32_matmul_precision(config.matmul_precision)
-        logger = config.trainer.logger
-        if isinstance(logger, Namespace) and "name" in logger.get("init_args", {}) and logger.init_args.name is None:
-            # A logger without a name (configs/ddp.yaml) logs under the model's: the runs of a model given with
-            # --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
-            model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
-            logger.init_args.name = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+        name_the_logger(config, self.subcommand)  # the model's name; validate/test/predict in a sub_dir of the run
 
     def instantiate_classes(self) -> None:
         try:

@@ -84,6 +84,28 @@ def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
         assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
 
 
+def scalars(directory) -> dict[str, list[int]]:
+    """The steps of each scalar but the epoch in the TensorBoard files of ``directory`` (not of its subdirectories)."""
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"] if tag != "epoch"}
+
+
+def test_evaluations_log_apart_from_the_training_curves(run_cli, tmp_path):
+    args = ["-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_val_batches=2"]
+    run_cli("fit", *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1")
+    run = tmp_path / "logs" / "toy" / "default"
+    trained = scalars(run)
+    hparams = (run / "hparams.yaml").read_bytes()
+    for subcommand in ("validate", "test", "predict"):
+        run_cli(subcommand, *args)
+        assert (run / f"{subcommand}-config.yaml").is_file(), subcommand
+    assert scalars(run) == trained == {"train/loss": [0, 1, 2, 3], "val/loss": [3]}
+    assert scalars(run / "validate") == {"val/loss": [0]} and scalars(run / "test") == {"test/loss": [0]}
+    assert not (run / "predict").exists(), "predict logs no metrics, and leaves no empty TensorBoard run"
+    assert (run / "predictions.pt").is_file() and (run / "hparams.yaml").read_bytes() == hparams
+
+
 def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
     run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
     run = tmp_path / "logs" / "toy" / "default"
@@ -225,21 +247,6 @@ def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return err.strip().splitlines()[-1]
-
-
-def test_a_monitor_the_model_never_logs_stops_the_run_after_one_step(run_cli, capsys, tmp_path):
-    monitor = tmp_path / "monitor.yaml"
-    monitor.write_text(
-        "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
-        "      init_args:\n        monitor: val/los\n        dirpath: best\n"
-    )
-    last = stopped_in_the_run(run_cli, capsys, "-c", str(monitor), "--trainer.max_epochs=1")
-    assert last == (
-        "error: ModelCheckpoint monitors 'val/los', which the model does not log; it logs 'val/loss'. Set monitor: "
-        "val/loss in the config, or log 'val/los' with self.log in the model. (Found after the first training "
-        "step; Lightning would stop at the end of the first epoch.)"
-    )
-    assert not (tmp_path / "logs" / "toy" / "default" / "checkpoints").exists() and not (tmp_path / "best").exists()
 
 
 def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys, tmp_path):

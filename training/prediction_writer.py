@@ -10,6 +10,8 @@ import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from training.run_record import run_directory
+
 
 def unbatch(batch: Any) -> list[Any]:
     """A batch of predictions (a tensor, or a dict, list or tuple of them) as one prediction per input."""
@@ -57,7 +59,8 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Sequence[Any]
     ) -> None:
-        path = Path(self.output_path or Path(trainer.log_dir) / f"predictions{self.suffix}")  # log_dir: every rank
+        # run_directory reads trainer.log_dir, a broadcast: every rank
+        path = Path(self.output_path or Path(run_directory(trainer)) / f"predictions{self.suffix}")
         local = self.rows(trainer, predictions, batch_indices)
         shards = [local]
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
