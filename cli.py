@@ -28,8 +28,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from training import DDPStrategy, StartupError
-from training.combinations import combination_problem, devices_problem
+from training import DDPStrategy
+from training.combinations import combination_problem, refused_setting, trainer_problem
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser, optimizer_problem
@@ -77,7 +77,7 @@ class CLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         config = self.config[self.subcommand]
         settings = config.as_dict()
-        if problem := optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings):
+        if problem := optimizer_problem(settings) or trainer_problem(settings) or combination_problem(settings):
             self.parser.error(problem)
         torch.set_float32_matmul_precision(config.matmul_precision)
         name_the_logger(config, self.subcommand)  # the model's name; validate/test/predict in a sub_dir of the run
@@ -119,9 +119,11 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             save_config_kwargs={"overwrite": True},
             args=args,
         )
-    except (StartupError, MisconfigurationException) as error:  # a job that cannot start; Lightning refusing a setting
+    except Exception as error:
+        if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
+            raise
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
-            print(f"\nerror: {error}", file=sys.stderr)  # on a line of its own, after a progress bar
+            print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 
 

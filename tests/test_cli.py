@@ -263,6 +263,48 @@ def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys
     )
 
 
+def test_a_setting_lightning_checks_only_against_the_data_is_one_paragraph(run_cli, capsys):
+    # Lightning raises a ValueError once the data is set up: the launching process cannot find it earlier.
+    assert stopped_in_the_run(run_cli, capsys, "--trainer.max_epochs=1", "--trainer.val_check_interval=1000") == (
+        "error: `val_check_interval` (1000) must be less than or equal to the number of the training batches (128). "
+        "If you want to disable validation set `limit_val_batches` to 0.0 instead. If you want to validate based on "
+        "the total training batches, set `check_val_every_n_epoch=None`. Fix the trainer settings in the config files "
+        "or on the command line."
+    )
+
+
+@pytest.mark.parametrize(
+    "setting, told",
+    [
+        (
+            "accumulate_grad_batches=0",
+            "Lightning divides by it and would stop at the first batch with a ZeroDivisionError",
+        ),
+        ("check_val_every_n_epoch=0", "Lightning divides by it and would stop at the end of the first epoch with a"),
+        (
+            "gradient_clip_val=-1",
+            "Lightning clips nothing at a value below 0, without a word. trainer.gradient_clip_val "
+            "takes the gradient norm (or value) to clip at, such as 1.0, or null (or 0) for no clipping.",
+        ),
+    ],
+)
+def test_a_trainer_value_lightning_takes_unchecked_stops_before_anything_starts(
+    run_cli, capsys, tmp_path, setting, told
+):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, f"--trainer.{setting}"))
+    assert err.startswith(f"error: trainer.{setting.replace('=-1', '=-1.0')}: {told}")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_required_argument_of_a_class_gets_no_hint_about_the_main_config(run_cli, capsys):
+    callback = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, callback))
+    assert err == (
+        """error: Parser key "trainer.callbacks": Problem with given class_path 'lightning.pytorch.callbacks."""
+        "EarlyStopping': the following arguments are required: monitor"
+    )
+
+
 def test_wrong_type_is_named(run_cli, capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer:\n  max_epochs: three\n")
