@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
-from training.combinations import devices_problem
+from training.combinations import devices_problem, refused_setting
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
@@ -273,6 +273,22 @@ def test_a_setting_lightning_checks_only_against_the_data_is_one_paragraph(run_c
     )
 
 
+def test_only_a_value_error_of_lightnings_own_code_naming_a_trainer_argument_is_a_refused_setting():
+    def raised(message: str, module: str) -> ValueError:
+        try:
+            exec(f"raise ValueError({message!r})", {"__name__": module})
+        except ValueError as error:
+            return error
+        raise AssertionError("nothing raised")
+
+    assert refused_setting(raised("`max_epochs` is -5", "lightning.pytorch.loops.fit_loop")) == (
+        "`max_epochs` is -5 Fix the trainer settings in the config files or on the command line."
+    )
+    assert refused_setting(raised("`max_epochs` is -5", "my_package.model")) is None, "a bug in the user's code"
+    assert refused_setting(raised("`no_such_argument` is -5", "lightning.pytorch.loops.fit_loop")) is None
+    assert refused_setting(RuntimeError("`max_epochs`")) is None
+
+
 @pytest.mark.parametrize(
     "setting, told",
     [
@@ -294,6 +310,19 @@ def test_a_trainer_value_lightning_takes_unchecked_stops_before_anything_starts(
     err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, f"--trainer.{setting}"))
     assert err.startswith(f"error: trainer.{setting.replace('=-1', '=-1.0')}: {told}")
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_gpu_accelerator_without_a_gpu_says_what_torch_sees_and_what_to_do(run_cli, capsys, monkeypatch):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.accelerator=gpu"))
+    assert err.startswith(
+        f"error: trainer.accelerator=gpu, but torch sees no GPU on this machine (torch {torch.__version__}"
+    )
+    assert err.endswith(
+        "Train on CPU with trainer.accelerator=cpu, or auto (every visible GPU, else the CPU); for GPUs, "
+        "install a CUDA build of torch and the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
+    )
 
 
 def test_a_required_argument_of_a_class_gets_no_hint_about_the_main_config(run_cli, capsys):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
@@ -65,6 +66,14 @@ def trainer_problem(config: dict[str, Any]) -> str | None:
     if problem := devices_problem(config):
         return problem
     trainer = config.get("trainer") or {}
+    accelerator = trainer.get("accelerator", "auto")
+    if accelerator in ("gpu", "cuda") and not (CUDAAccelerator.is_available() or MPSAccelerator.is_available()):
+        build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build, without CUDA"
+        return (
+            f"trainer.accelerator={accelerator}, but torch sees no GPU on this machine (torch {torch.__version__} is "
+            f"{build}). Train on CPU with trainer.accelerator=cpu, or auto (every visible GPU, else the CPU); for "
+            "GPUs, install a CUDA build of torch and the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
+        )
     for key, fits, wrong, takes in RANGES:
         if key in trainer and not fits(trainer[key]):
             return f"trainer.{key}={trainer[key]}: Lightning {wrong}. trainer.{key} takes {takes}."
