@@ -19,25 +19,23 @@ Any other module plugs in without editing this file:
 """
 
 import os
-import re
 import sys
 import warnings
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from training import DDPStrategy, StartupError
-from training.combinations import combination_problem, devices_problem
+from training import DDPStrategy
+from training.combinations import combination_problem, refused_setting, trainer_problem
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.mlflow_logger import mlflow_problem
 from training.parser import Parser, optimizer_problem
 from training.resume import checkpoint_problem, past_end, resume_path
-from training.run_record import RunRecord
+from training.run_record import RunRecord, name_the_logger
 from training.storage import storage_problem
 
 # Lightning 2.6 calls a pytree API that torch 2.13 deprecates, once per batch; nothing a user can act on.
@@ -83,23 +81,11 @@ class CLI(LightningCLI):
         self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
         config = self.config[self.subcommand]
         settings = config.as_dict()
-        problem = optimizer_problem(settings) or devices_problem(settings) or combination_problem(settings)
+        problem = optimizer_problem(settings) or trainer_problem(settings) or combination_problem(settings)
         if problem := problem or mlflow_problem(settings):
             self.parser.error(problem)
         torch.set_float32_matmul_precision(config.matmul_precision)
-        loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
-        model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
-        for logger in loggers:
-            # A logger without a name (configs/ddp.yaml, configs/mlflow.yaml) logs under the model's: the runs of a
-            # model given with --model land beside the toy's (logs/toy/<RUN_ID>), not among them.
-            for key in ("name", "experiment_name"):
-                if (
-                    isinstance(logger, Namespace)
-                    and key in logger.get("init_args", {})
-                    and logger.init_args[key] is None
-                ):
-                    named = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
-                    logger.init_args[key] = named
+        name_the_logger(config, self.subcommand)  # the model's name; validate/test/predict in a sub_dir of the run
 
     def instantiate_classes(self) -> None:
         try:
@@ -146,9 +132,11 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             save_config_kwargs={"overwrite": True},
             args=args,
         )
-    except (StartupError, MisconfigurationException) as error:  # a job that cannot start; Lightning refusing a setting
+    except Exception as error:
+        if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
+            raise
         if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
-            print(f"\nerror: {error}", file=sys.stderr)  # on a line of its own, after a progress bar
+            print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 
 

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
-from training.combinations import devices_problem
+from training.combinations import devices_problem, refused_setting
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
@@ -82,6 +82,28 @@ def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
     (tmp_path / "mine").touch()  # the permissions a file of the user's gets under this umask
     for path in last.parent.parent.rglob("*"):
         assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
+
+
+def scalars(directory) -> dict[str, list[int]]:
+    """The steps of each scalar but the epoch in the TensorBoard files of ``directory`` (not of its subdirectories)."""
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"] if tag != "epoch"}
+
+
+def test_evaluations_log_apart_from_the_training_curves(run_cli, tmp_path):
+    args = ["-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_val_batches=2"]
+    run_cli("fit", *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1")
+    run = tmp_path / "logs" / "toy" / "default"
+    trained = scalars(run)
+    hparams = (run / "hparams.yaml").read_bytes()
+    for subcommand in ("validate", "test", "predict"):
+        run_cli(subcommand, *args)
+        assert (run / f"{subcommand}-config.yaml").is_file(), subcommand
+    assert scalars(run) == trained == {"train/loss": [0, 1, 2, 3], "val/loss": [3]}
+    assert scalars(run / "validate") == {"val/loss": [0]} and scalars(run / "test") == {"test/loss": [0]}
+    assert not (run / "predict").exists(), "predict logs no metrics, and leaves no empty TensorBoard run"
+    assert (run / "predictions.pt").is_file() and (run / "hparams.yaml").read_bytes() == hparams
 
 
 def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
@@ -227,21 +249,6 @@ def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
     return err.strip().splitlines()[-1]
 
 
-def test_a_monitor_the_model_never_logs_stops_the_run_after_one_step(run_cli, capsys, tmp_path):
-    monitor = tmp_path / "monitor.yaml"
-    monitor.write_text(
-        "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
-        "      init_args:\n        monitor: val/los\n        dirpath: best\n"
-    )
-    last = stopped_in_the_run(run_cli, capsys, "-c", str(monitor), "--trainer.max_epochs=1")
-    assert last == (
-        "error: ModelCheckpoint monitors 'val/los', which the model does not log; it logs 'val/loss'. Set monitor: "
-        "val/loss in the config, or log 'val/los' with self.log in the model. (Found after the first training "
-        "step; Lightning would stop at the end of the first epoch.)"
-    )
-    assert not (tmp_path / "logs" / "toy" / "default" / "checkpoints").exists() and not (tmp_path / "best").exists()
-
-
 def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys, tmp_path):
     monitor = tmp_path / "monitor.yaml"
     monitor.write_text(
@@ -253,6 +260,77 @@ def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys
         "error: `ModelCheckpoint(monitor='accuracy')` could not find the monitored key in the returned metrics: "
         "['train/loss', 'val/loss', 'epoch', 'step']. HINT: Did you call `log('accuracy', value)` in the "
         "`LightningModule`?"
+    )
+
+
+def test_a_setting_lightning_checks_only_against_the_data_is_one_paragraph(run_cli, capsys):
+    # Lightning raises a ValueError once the data is set up: the launching process cannot find it earlier.
+    assert stopped_in_the_run(run_cli, capsys, "--trainer.max_epochs=1", "--trainer.val_check_interval=1000") == (
+        "error: `val_check_interval` (1000) must be less than or equal to the number of the training batches (128). "
+        "If you want to disable validation set `limit_val_batches` to 0.0 instead. If you want to validate based on "
+        "the total training batches, set `check_val_every_n_epoch=None`. Fix the trainer settings in the config files "
+        "or on the command line."
+    )
+
+
+def test_only_a_value_error_of_lightnings_own_code_naming_a_trainer_argument_is_a_refused_setting():
+    def raised(message: str, module: str) -> ValueError:
+        try:
+            exec(f"raise ValueError({message!r})", {"__name__": module})
+        except ValueError as error:
+            return error
+        raise AssertionError("nothing raised")
+
+    assert refused_setting(raised("`max_epochs` is -5", "lightning.pytorch.loops.fit_loop")) == (
+        "`max_epochs` is -5 Fix the trainer settings in the config files or on the command line."
+    )
+    assert refused_setting(raised("`max_epochs` is -5", "my_package.model")) is None, "a bug in the user's code"
+    assert refused_setting(raised("`no_such_argument` is -5", "lightning.pytorch.loops.fit_loop")) is None
+    assert refused_setting(RuntimeError("`max_epochs`")) is None
+
+
+@pytest.mark.parametrize(
+    "setting, told",
+    [
+        (
+            "accumulate_grad_batches=0",
+            "Lightning divides by it and would stop at the first batch with a ZeroDivisionError",
+        ),
+        ("check_val_every_n_epoch=0", "Lightning divides by it and would stop at the end of the first epoch with a"),
+        (
+            "gradient_clip_val=-1",
+            "Lightning clips nothing at a value below 0, without a word. trainer.gradient_clip_val "
+            "takes the gradient norm (or value) to clip at, such as 1.0, or null (or 0) for no clipping.",
+        ),
+    ],
+)
+def test_a_trainer_value_lightning_takes_unchecked_stops_before_anything_starts(
+    run_cli, capsys, tmp_path, setting, told
+):
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, f"--trainer.{setting}"))
+    assert err.startswith(f"error: trainer.{setting.replace('=-1', '=-1.0')}: {told}")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_gpu_accelerator_without_a_gpu_says_what_torch_sees_and_what_to_do(run_cli, capsys, monkeypatch):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.accelerator=gpu"))
+    assert err.startswith(
+        f"error: trainer.accelerator=gpu, but torch sees no GPU on this machine (torch {torch.__version__}"
+    )
+    assert err.endswith(
+        "Train on CPU with trainer.accelerator=cpu, or auto (every visible GPU, else the CPU); for GPUs, "
+        "install a CUDA build of torch and the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
+    )
+
+
+def test_a_required_argument_of_a_class_gets_no_hint_about_the_main_config(run_cli, capsys):
+    callback = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, callback))
+    assert err == (
+        """error: Parser key "trainer.callbacks": Problem with given class_path 'lightning.pytorch.callbacks."""
+        "EarlyStopping': the following arguments are required: monitor"
     )
 
 

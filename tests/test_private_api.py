@@ -9,10 +9,11 @@ from pathlib import Path
 
 import jsonargparse
 import lightning
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from tests.helpers import REPO
-from training.private_api import CHECKED_WITH, attach_mlflow_run, omegaconf_loader, stop_sigterm_broadcast
+from training.private_api import CHECKED_WITH, attach_mlflow_run, logged_names, omegaconf_loader, stop_sigterm_broadcast
 
 
 def moved(library: str, installed: str, use: str) -> str:
@@ -49,6 +50,39 @@ def test_lightning_still_logs_to_the_mlflow_run_it_was_given():
     source = inspect.getsource(type(logger).experiment.fget)
     assert "if self._run_id is not None:" in source, moved("lightning", lightning.__version__, use)
     assert "self._mlflow_client.get_run(self._run_id)" in source, moved("lightning", lightning.__version__, use)
+
+
+class LogsAtBothLevels(BoringModel):
+    def training_step(self, batch, batch_idx):
+        self.log("epoch_only", 1.0, on_step=False, on_epoch=True)
+        self.log("both", 2.0, on_step=True, on_epoch=True)
+        self.log("step_only", 3.0)
+        return super().training_step(batch, batch_idx)
+
+
+class NamesAtTheFirstStep(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.names = logged_names(trainer)
+        self.computed = set(trainer.callback_metrics)
+
+
+def test_lightning_still_keeps_every_name_logged_in_a_step_where_the_first_step_can_read_it():
+    look = NamesAtTheFirstStep()
+    trainer = Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[look],
+    )
+    trainer.fit(LogsAtBothLevels())
+    use = "Trainer._results (the running loop's logged values)"
+    assert look.names == {"epoch_only", "both", "both_step", "both_epoch", "step_only"}, moved(
+        "lightning", lightning.__version__, use
+    )
+    assert "epoch_only" not in look.computed, "callback_metrics now holds epoch-level values at the first step"
 
 
 def private_uses(path: Path) -> list[str]:

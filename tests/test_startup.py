@@ -1,6 +1,8 @@
 """The start-up handshake: who is missing, what differs, and how fast the job says so."""
 
+import io
 import re
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -9,6 +11,7 @@ import pytest
 from torch.distributed import HashStore
 
 from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, run_script
+from training import join_progress
 from training.startup import Member, StartupError, handshake
 
 FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
@@ -46,11 +49,53 @@ def shake(members: list[Member], timeout: float = 5, fail_fast: bool = True) -> 
     return results
 
 
-def test_everyone_arrives_and_gets_the_same_roster():
+def test_everyone_arrives_and_gets_the_same_roster(capsys):
     everyone = [member(1, 1), member(0, 1), member(1, 0), member(0, 0)]
     results = shake(everyone)
     rosters = {tuple((m.node_rank, m.local_rank, m.host) for m in roster.members) for roster in results.values()}
     assert rosters == {((0, 0, "host0"), (0, 1, "host0"), (1, 0, "host1"), (1, 1, "host1"))}
+    assert capsys.readouterr().err == "", "a job whose processes all come at once waits in silence"
+
+
+def test_a_long_wait_says_who_joined_and_who_is_missing_a_line_at_a_time(capsys, monkeypatch):
+    monkeypatch.setattr(join_progress, "QUIET_FOR", 0.0)
+    monkeypatch.setattr(join_progress, "REPORT_EVERY", 0.5)
+    shake([member(0, 0), member(0, 1), member(1, 0)], timeout=3)
+    lines = capsys.readouterr().err.splitlines()
+    leader = [line for line in lines if line.startswith("Waiting at")]
+    assert 2 <= len(leader) <= 3 / 0.5 + 1, "a line every REPORT_EVERY seconds when stderr is no terminal"
+    assert re.fullmatch(
+        r"Waiting at 10\.0\.0\.1:29500 for the job's processes: 3 of 4 joined \(node 0 \(host0\) 2 of 2, node 1 "
+        r"\(host1\) 1 of 2\); 0:00:0[0-3] waited of join_timeout 0:00:03\.",
+        leader[-1],
+    )
+    worker = [line for line in lines if line.startswith("node 1 (host1) joined")]
+    assert 2 <= len(worker) <= 3 / 0.5 + 1 and not any(line.startswith("node 0 (host0) joined") for line in lines)
+    assert re.fullmatch(
+        r"node 1 \(host1\) joined the job at 10\.0\.0\.1:29500 and waits for global rank 0's word: 3 of 4 processes "
+        r"joined, 0:00:0[0-3] waited of join_timeout 0:00:03\.",
+        worker[-1],
+    )
+    shake([member(0, 0), member(0, 1)], timeout=1)
+    leader = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Waiting at")]
+    assert leader[-1].startswith(
+        "Waiting at 10.0.0.1:29500 for the job's processes: 2 of 4 joined (node 0 (host0) 2 "
+        "of 2); node rank 1 not yet; 0:00:0"
+    )
+
+
+def test_on_a_terminal_the_wait_is_redrawn_in_place(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    report = join_progress.WaitReport()
+    report.show(5, "Waiting: 1 of 2 joined")
+    assert report.due == 6, "redrawn every second on a terminal"
+    report.show(6, "Waiting: 1 of 2")
+    report.close()
+    assert sys.stderr.getvalue() == "\rWaiting: 1 of 2 joined\033[K\rWaiting: 1 of 2\033[K\n"
 
 
 def test_a_node_that_never_arrives_is_named_after_the_timeout():

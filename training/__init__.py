@@ -8,6 +8,7 @@ from training.profiler import ScheduledProfiler
 from training.progress_bar import ProgressBar
 from training.resume import ResumeReport
 from training.rng import RNGStateCheckpoint
+from training.run_lock import RunLock
 from training.startup import StartupError
 from training.strategy import DDPStrategy
 from training.unused_parameters import UnusedParameterCheck
@@ -21,6 +22,7 @@ __all__ = [
     "PreemptionCheckpoint",
     "ProgressBar",
     "RNGStateCheckpoint",
+    "RunLock",
     "ResumeReport",
     "ScheduledProfiler",
     "Seq2SeqPredictionWriter",

@@ -1,14 +1,21 @@
 """Trainer settings Lightning rejects only as it builds the Trainer or later, found before anything starts: settings
-that each work alone but not together (naming where each was set), and a ``trainer.devices`` it cannot parse."""
+that each work alone but not together (naming where each was set), a ``trainer.devices`` it cannot parse, and
+values it takes without a check and then fails on (or ignores)."""
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from training.startup import StartupError
 
 POSITIVE = re.compile(r"[1-9][0-9]*")
 GPU_IDS = re.compile(r"[0-9]+(,[0-9]*)*")  # as Lightning reads "0,1": a trailing comma is allowed
@@ -45,6 +52,49 @@ def _init_args_with(entries: Any, key: str, value: Any) -> bool:
     return any(isinstance(entry, dict) and (entry.get("init_args") or {}).get(key) == value for entry in entries)
 
 
+# Trainer values Lightning takes without a check: (key, whether a value fits, what Lightning does with a wrong one,
+# what the key takes).
+RANGES = (
+    (
+        "accumulate_grad_batches",
+        lambda value: isinstance(value, int) and value >= 1,
+        "divides by it and would stop at the first batch with a ZeroDivisionError",
+        "a positive number of batches per optimizer step (1: step after every batch)",
+    ),
+    (
+        "check_val_every_n_epoch",
+        lambda value: value is None or (isinstance(value, int) and value >= 1),
+        "divides by it and would stop at the end of the first epoch with a ZeroDivisionError",
+        "a positive number of epochs, or null to validate every val_check_interval batches",
+    ),
+    (
+        "gradient_clip_val",
+        lambda value: value is None or value >= 0,
+        "clips nothing at a value below 0, without a word",
+        "the gradient norm (or value) to clip at, such as 1.0, or null (or 0) for no clipping",
+    ),
+)
+
+
+def trainer_problem(config: dict[str, Any]) -> str | None:
+    """What is wrong with ``trainer.devices`` or a value in RANGES of ``config`` (a subcommand's, a dict), or None."""
+    if problem := devices_problem(config):
+        return problem
+    trainer = config.get("trainer") or {}
+    accelerator = trainer.get("accelerator", "auto")
+    if accelerator in ("gpu", "cuda") and not (CUDAAccelerator.is_available() or MPSAccelerator.is_available()):
+        build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build, without CUDA"
+        return (
+            f"trainer.accelerator={accelerator}, but torch sees no GPU on this machine (torch {torch.__version__} is "
+            f"{build}). Train on CPU with trainer.accelerator=cpu, or auto (every visible GPU, else the CPU); for "
+            "GPUs, install a CUDA build of torch and the NVIDIA driver, and check CUDA_VISIBLE_DEVICES."
+        )
+    for key, fits, wrong, takes in RANGES:
+        if key in trainer and not fits(trainer[key]):
+            return f"trainer.{key}={trainer[key]}: Lightning {wrong}. trainer.{key} takes {takes}."
+    return None
+
+
 def devices_problem(config: dict[str, Any]) -> str | None:
     """What is wrong with ``trainer.devices`` in ``config`` (a subcommand's, as a dict), or None.
 
@@ -73,6 +123,28 @@ def devices_problem(config: dict[str, Any]) -> str | None:
         f"trainer.devices={devices} names no devices: trainer.devices takes a number of devices per node (a positive "
         'integer), -1 or auto for every visible GPU, or the ids of the GPUs to use once each, such as [0, 1] or "0,1".'
     )
+
+
+def refused_setting(error: BaseException) -> str | None:
+    """The paragraph for ``error`` when it is a job that cannot start, or Lightning refusing a setting once the job
+    runs; None for any other error, a bug in code, whose traceback is shown whole.
+
+    Lightning refuses a setting with a MisconfigurationException, or with a ValueError where it can check the value
+    only against the data (``val_check_interval`` beyond the batches of an epoch): a ValueError raised in Lightning's
+    own code that names a Trainer argument is such a refusal.
+    """
+    if isinstance(error, StartupError | MisconfigurationException):
+        return str(error)
+    if not isinstance(error, ValueError):
+        return None
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    in_lightning = frame is not None and frame.tb_frame.f_globals.get("__name__", "").startswith("lightning.")
+    names = inspect.signature(Trainer.__init__).parameters
+    if in_lightning and any(f"`{name}`" in str(error) for name in names):
+        return f"{str(error).strip()} Fix the trainer settings in the config files or on the command line."
+    return None
 
 
 def _is_fsdp(strategy: Any) -> bool:

@@ -1,42 +1,81 @@
-"""A callback setting that names a metric the model never logs, found after the first step, not an epoch later."""
+"""A callback setting that names a metric the model never logs, found in the first training step, not an epoch later."""
 
 import difflib
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from training.private_api import logged_names
+
+# Hooks that run only at an epoch's end, after the first training step: what they log is not known before.
+LATE_HOOKS = ("on_train_epoch_end", "on_validation_epoch_end")
+# Callbacks of these packages log nothing in those hooks.
+QUIET_PACKAGES = ("lightning", "pytorch_lightning", "training")
 
 
 class MonitorCheck(Callback):
-    """Stops the run after its first training step when a ``monitor`` names a metric the model does not log, but
-    logs one of a close name (``val_loss`` for ``val/loss``).
+    """Stops the run in its first training step when a ``monitor`` (of ModelCheckpoint, EarlyStopping or an LR
+    scheduler) names a metric the model does not log.
 
-    ModelCheckpoint, EarlyStopping and LR schedulers look up their ``monitor`` only when they first act, at
-    the end of the first epoch, which can be hours in. The names the model logs are known earlier: its
-    validation metrics after the sanity check, its step metrics after the first training step. A monitor that
-    is neither, nor close to any, may still be logged later (an epoch-level metric), and is left to Lightning.
+    Those look up their ``monitor`` only when they first act, at the end of the first epoch, which can be hours in.
+    The names the model logs are known earlier: its validation metrics once the sanity check has validated, what it
+    logs in a training step (at step or epoch level) once the first step ran. A monitor that is none of these is
+    refused then, with the closest logged name if there is one, else the names logged. Two cases stay Lightning's:
+
+    - the module, or a callback from outside Lightning and this template, overrides ``on_train_epoch_end`` or
+      ``on_validation_epoch_end``: a name logged there appears only at the end of an epoch (or of a validation,
+      which the module may skip in the sanity check), so nothing is refused early;
+    - the sanity check validated nothing (``num_sanity_val_steps: 0``): the validation names are not known, so
+      only a monitor close to a logged name is refused (``val_loss`` for ``val/loss``).
     """
 
     def __init__(self) -> None:
-        self.validation_metrics: set[str] = set()
+        self.validation_metrics: set[str] | None = None
         self.checked = False
 
     def on_sanity_check_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.validation_metrics = set(trainer.callback_metrics)  # Lightning clears them once the check is over
+        if sum(trainer.num_sanity_val_batches) > 0:
+            self.validation_metrics = set(trainer.callback_metrics)  # Lightning clears them once the check is over
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if self.checked:
             return
         self.checked = True
-        logged = self.validation_metrics | set(trainer.callback_metrics)
-        monitors = [
-            (type(cb).__name__, cb.monitor) for cb in trainer.callbacks if isinstance(getattr(cb, "monitor", None), str)
-        ]
-        monitors += [("the LR scheduler", config.monitor) for config in trainer.lr_scheduler_configs if config.monitor]
-        for who, monitor in monitors:
+        if late_logging(trainer, pl_module):
+            return
+        logged = (self.validation_metrics or set()) | logged_names(trainer) | set(trainer.callback_metrics)
+        for who, monitor in monitors(trainer):
+            if monitor in logged | {"epoch", "step"}:  # ModelCheckpoint offers both beside the logged names
+                continue
             close = difflib.get_close_matches(monitor, logged, n=1, cutoff=0.8)
-            if monitor not in logged and close:
-                raise MisconfigurationException(
-                    f"{who} monitors {monitor!r}, which the model does not log; it logs {close[0]!r}. Set "
-                    f"monitor: {close[0]} in the config, or log {monitor!r} with self.log in the model. (Found "
-                    "after the first training step; Lightning would stop at the end of the first epoch.)"
-                )
+            if close:
+                found = f"it logs {close[0]!r}. Set monitor: {close[0]} in the config"
+            elif self.validation_metrics is not None:
+                found = f"it logs {listed(sorted(logged))}. Set monitor to one of them in the config"
+            else:
+                continue
+            raise MisconfigurationException(
+                f"{who} monitors {monitor!r}, which the model does not log; {found}, or log {monitor!r} with "
+                "self.log in the model. (Found in the first training step; Lightning would stop at the end of the "
+                "first epoch.)"
+            )
+
+
+def monitors(trainer: Trainer) -> list[tuple[str, str]]:
+    """(who, metric) for every callback and LR scheduler of ``trainer`` that monitors a metric."""
+    found = [(type(cb).__name__, cb.monitor) for cb in trainer.callbacks if isinstance(getattr(cb, "monitor", 0), str)]
+    # Lightning reads a scheduler's monitor only for ReduceLROnPlateau.
+    schedulers = [config for config in trainer.lr_scheduler_configs if config.monitor and config.reduce_on_plateau]
+    return found + [("the LR scheduler", config.monitor) for config in schedulers]
+
+
+def listed(names: list[str], most: int = 12) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(repr(name) for name in names[:most]) + more if names else "nothing"
+
+
+def late_logging(trainer: Trainer, pl_module: LightningModule) -> bool:
+    """Whether the module or a callback may log names at an epoch's end that the first step cannot show."""
+    foreign = [cb for cb in trainer.callbacks if type(cb).__module__.split(".")[0] not in QUIET_PACKAGES]
+    return any(is_overridden(hook, owner) for hook in LATE_HOOKS for owner in (pl_module, *foreign))

@@ -35,6 +35,7 @@ SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedA
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+MODULES_REQUIRED = re.compile(r"arguments are required: (\w+\.)?(model|data)\b")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
 LAYERING = {
     "the following arguments are required: ": (
@@ -89,7 +90,10 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
-    hints |= {marker: hint for marker, hint in LAYERING.items() if marker in paragraph and hint not in message}
+    layering = {marker: hint for marker, hint in LAYERING.items() if marker in paragraph and hint not in message}
+    if not MODULES_REQUIRED.search(paragraph):  # an argument a class requires, not the model a feature file lacks
+        layering.pop("the following arguments are required: ", None)
+    hints |= layering
     if (rejected := REJECTED.match(message)) and (source := environment_source(*rejected.groups())):
         hints["environment"] = source
     if hints:

@@ -11,6 +11,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from training.run_record import run_directory
 from training.storage import is_remote
 
 
@@ -60,8 +61,8 @@ class PredictionWriter(BasePredictionWriter):
     def write_on_epoch_end(
         self, trainer: Trainer, pl_module: LightningModule, predictions: Sequence[Any], batch_indices: Sequence[Any]
     ) -> None:
-        # log_dir: read by every rank (a broadcast); a local path or an object store URL.
-        path = self.output_path or f"{trainer.log_dir.rstrip('/')}/predictions{self.suffix}"
+        # run_directory reads trainer.log_dir, a broadcast: every rank; a local path or an object store URL.
+        path = self.output_path or f"{run_directory(trainer).rstrip('/')}/predictions{self.suffix}"
         local = self.rows(trainer, predictions, batch_indices)
         shards = [local]
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:

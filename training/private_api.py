@@ -47,3 +47,22 @@ def attach_mlflow_run(logger: MLFlowLogger, run_id: str) -> None:
     (and node) builds before it knows its rank, and which would make them all talk to the server.
     """
     logger._run_id = run_id
+
+
+def logged_names(trainer: Trainer) -> set[str]:
+    """Every name the module has logged so far in the running loop, as callbacks find it in
+    ``trainer.callback_metrics`` once Lightning has computed it: ``name``, and ``name_step``/``name_epoch`` for a
+    value logged at both levels.
+
+    training/monitor_check.py needs them in the first training step, when ``callback_metrics`` holds the values of
+    the step only: a value logged with ``on_epoch=True`` alone appears there at the epoch's end. Lightning keeps
+    every logged value's settings in the loop's result collection, ``trainer._results``, public in no other way.
+    """
+    names = set()
+    for result in (trainer._results or {}).values():
+        meta = result.meta
+        indexed = meta.add_dataloader_idx and meta.dataloader_idx is not None
+        suffix = f"/dataloader_idx_{meta.dataloader_idx}" if indexed else ""
+        levels = [on_step for on_step, logged in ((True, meta.on_step), (False, meta.on_epoch)) if logged]
+        names |= {meta.name + suffix} | {meta.forked_name(on_step) + suffix for on_step in levels}
+    return names

@@ -6,6 +6,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
@@ -17,6 +18,40 @@ from training.mlflow_logger import MLFlowLogger
 
 PER_NODE = ("num_nodes", "devices")  # left out of config_items, which the nodes compare
 
+EVALUATIONS = ("validate", "test", "predict")
+
+
+def name_the_logger(config: Namespace, subcommand: str) -> None:
+    """Fill in what the loggers of ``config`` (a subcommand's) leave to the template, as configs/ddp.yaml does.
+
+    ``name: null`` (TensorBoard) and ``experiment_name: null`` (MLflow) become the model class in snake case
+    without a trailing ``Model`` (``toy`` for ``models.ToyModel``): runs of another model land beside the toy's,
+    not among them. ``sub_dir: null`` becomes the subcommand for validate, test and predict: their curves are a
+    TensorBoard run of their own (``<run>/validate``), apart from the training curves of the run.
+    """
+    model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
+    named = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+    for logger in loggers:
+        if not isinstance(logger, Namespace) or not isinstance(logger.get("init_args"), Namespace):
+            continue
+        for key in ("name", "experiment_name"):
+            if key in logger.init_args and logger.init_args[key] is None:
+                logger.init_args[key] = named
+        if "sub_dir" in logger.init_args and logger.init_args.sub_dir is None and subcommand in EVALUATIONS:
+            logger.init_args.sub_dir = subcommand
+
+
+def run_directory(trainer: Trainer) -> str | None:
+    """The run's directory, a path or an object store URL: the logger's ``log_dir`` without the ``sub_dir`` that
+    validate, test and predict log into (None under fast_dev_run). Reads ``trainer.log_dir``, a broadcast: every
+    rank must call it."""
+    log_dir = trainer.log_dir
+    sub_dir = getattr(trainer.logger, "sub_dir", None)
+    if log_dir is not None and isinstance(sub_dir, str) and sub_dir:
+        return log_dir.rstrip("/").removesuffix("/" + sub_dir.strip("/"))
+    return log_dir
+
 
 class RunRecord(SaveConfigCallback):
     """Saves the config of ``fit`` when the run first saves a checkpoint (or ends training without one).
@@ -24,18 +59,22 @@ class RunRecord(SaveConfigCallback):
     So ``config.yaml`` always describes the training that wrote the run's ``last.ckpt``: an attempt that stops
     before it trains (a wrong setting, a run already past its end) leaves the record as it was. When the
     config changed since the record was written, the earlier one is kept as ``config-<time it was written>.yaml``.
-    Such an attempt also takes back the empty TensorBoard file Lightning opens at set-up. validate/test/predict
-    save their own ``<subcommand>-config.yaml`` at start, as Lightning does.
+    An attempt that fails before it saved anything also takes back the TensorBoard file and the ``hparams.yaml``
+    it wrote while they hold nothing new. validate/test/predict save their own ``<subcommand>-config.yaml`` in the
+    run's directory at start, as Lightning does.
     """
 
-    log_dir: str | None = None
+    log_dir: str | None = None  # the run's directory
     started_at: int | None = None  # the step training started from, once it has
+    had_hparams: set[str] | None = None  # the logger directories that held an hparams.yaml at set-up
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        self.log_dir = run_directory(trainer)  # a broadcast: read here, where every rank takes part
+        self.had_hparams = {logger.log_dir for logger in self.tensorboards(trainer) if hparams(logger).is_file()}
         if stage != "fit":
-            super().setup(trainer, pl_module, stage)
-        elif not self.already_saved:
-            self.log_dir = trainer.log_dir  # a broadcast: read here, where every rank takes part
+            self.write(trainer, stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.started_at = trainer.global_step
@@ -50,11 +89,8 @@ class RunRecord(SaveConfigCallback):
         self.write(trainer)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.trained(trainer):
+        if self.started_at is not None and trainer.global_step > self.started_at:
             self.write(trainer)
-
-    def trained(self, trainer: Trainer) -> bool:
-        return self.started_at is not None and trainer.global_step > self.started_at
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.take_back(trainer)
@@ -62,23 +98,39 @@ class RunRecord(SaveConfigCallback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.take_back(trainer)  # a rerun of a finished run ends here without training, and without an exception
 
+    def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.take_back(trainer)  # predict logs no metrics: nothing to keep in its TensorBoard directory
+
+    @staticmethod
+    def tensorboards(trainer: Trainer) -> list[TensorBoardLogger]:
+        return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+
     def take_back(self, trainer: Trainer) -> None:
-        """Removes the TensorBoard file this attempt opened when it holds nothing, and the run's directory when
-        that leaves it empty: an attempt that did not train leaves the run's directory as it found it."""
-        if self.already_saved or self.trained(trainer) or not trainer.is_global_zero:
+        """Removes the TensorBoard file this attempt opened when it holds nothing, with the ``hparams.yaml`` the
+        attempt wrote beside it, and the directory when that leaves it empty: an attempt that saved and logged
+        nothing leaves the run's directory as it found it."""
+        if (self.already_saved and trainer.state.fn == "fit") or not trainer.is_global_zero:
             return
-        for logger in trainer.loggers:
-            if not isinstance(logger, TensorBoardLogger) or not os.path.isdir(logger.log_dir):
+        for logger in self.tensorboards(trainer):
+            if not os.path.isdir(logger.log_dir):
                 continue
             logger.experiment.close()
             mine = re.compile(rf"events\.out\.tfevents\..*\.{os.getpid()}\.\d+")  # its name ends in pid.counter
-            for path in Path(logger.log_dir).iterdir():
-                if mine.fullmatch(path.name) and len(list(EventFileLoader(str(path)).Load())) <= 1:  # the header
-                    path.unlink()
+            empty = [
+                path
+                for path in Path(logger.log_dir).iterdir()
+                if mine.fullmatch(path.name) and len(list(EventFileLoader(str(path)).Load())) <= 1  # the header
+            ]
+            if not empty:
+                continue
+            for path in empty:
+                path.unlink()
+            if self.had_hparams is not None and logger.log_dir not in self.had_hparams:  # None: set-up never came
+                hparams(logger).unlink(missing_ok=True)
             if not any(Path(logger.log_dir).iterdir()):
                 Path(logger.log_dir).rmdir()
 
-    def write(self, trainer: Trainer) -> None:
+    def write(self, trainer: Trainer, stage: str = "fit") -> None:
         if self.already_saved or self.log_dir is None:
             return
         self.already_saved = True
@@ -87,7 +139,7 @@ class RunRecord(SaveConfigCallback):
         fs = get_filesystem(self.log_dir)
         path = f"{self.log_dir.rstrip('/')}/{self.config_filename}"
         text = self.parser.dump(self.config, skip_none=False)
-        if fs.isfile(path):
+        if fs.isfile(path) and stage == "fit":
             with fs.open(path) as file:
                 earlier = file.read().decode()
             if earlier == text:
@@ -98,4 +150,8 @@ class RunRecord(SaveConfigCallback):
         with fs.open(f"{path}.partial", "w") as file:
             file.write(text)
         fs.mv(f"{path}.partial", path)
-        self.save_config(trainer, trainer.lightning_module, "fit")
+        self.save_config(trainer, trainer.lightning_module, stage)
+
+
+def hparams(logger: TensorBoardLogger) -> Path:
+    return Path(logger.log_dir) / logger.NAME_HPARAMS_FILE

@@ -13,6 +13,8 @@ from typing import Any
 
 from torch.distributed import Store
 
+from training.join_progress import WaitReport, waited_of, waiting
+
 PREFIX = "startup"
 # How long the other processes wait for rank 0's verdict beyond the join timeout itself.
 VERDICT_GRACE = timedelta(seconds=30)
@@ -89,7 +91,7 @@ def handshake(
             _await_readers(store)
         return roster
     try:
-        store.wait([f"{PREFIX}/verdict"], timeout + VERDICT_GRACE)
+        _await_verdict(store, me, num_nodes * devices, timeout, address)
     except RuntimeError as error:  # torch's DistStoreError and DistNetworkError derive from it
         raise StartupError(
             f"{me.where}: no word from global rank 0 within {timeout + VERDICT_GRACE} after joining at {address}. "
@@ -100,6 +102,28 @@ def handshake(
     if "error" in verdict:
         raise StartupError(verdict["error"])
     return Roster([Member(**member) for member in verdict["members"]], verdict["problems"])
+
+
+def _await_verdict(store: Store, me: Member, expected: int, timeout: timedelta, address: str) -> None:
+    """Wait for global rank 0's verdict; the first process of a node says how many have joined meanwhile."""
+    report = WaitReport() if me.local_rank == 0 else None
+    started = time.monotonic()
+    try:
+        while not store.check([f"{PREFIX}/verdict"]):
+            waited = time.monotonic() - started
+            if waited > (timeout + VERDICT_GRACE).total_seconds():
+                raise RuntimeError("no verdict")
+            if report and report.due <= waited:
+                joined = store.add(f"{PREFIX}/count", 0)
+                report.show(
+                    waited,
+                    f"{me.where} joined the job at {address} and waits for global rank 0's word: {joined} of "
+                    f"{expected} processes joined, {waited_of(waited, timeout)}.",
+                )
+            time.sleep(0.05)
+    finally:
+        if report:
+            report.close()
 
 
 def _await_readers(store: Store) -> None:
@@ -132,24 +156,31 @@ def _gather(
     everyone: list[Member] = []
     problems: list[str] = []
     read = 0
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
-        count = store.add(f"{PREFIX}/count", 0)
-        for index in range(read, count):
-            member = Member(**json.loads(store.get(f"{PREFIX}/member/{index}")))
-            everyone.append(member)
-            found = _check(member, leader, arrived, num_nodes)
-            arrived.setdefault((member.node_rank, member.local_rank), member)
-            problems.extend(p for p in found if p not in problems)
-            if found and fail_fast:
-                raise StartupError(_disagreement(problems))
-        read = count
-        if expected <= arrived.keys():
-            members = sorted(everyone, key=lambda m: (m.node_rank, m.local_rank, m.pid))
-            return Roster(members, problems)
-        if time.monotonic() > deadline:
-            raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems) + advice)
-        time.sleep(0.05)
+    started = time.monotonic()
+    report = WaitReport()
+    try:
+        while True:
+            count = store.add(f"{PREFIX}/count", 0)
+            for index in range(read, count):
+                member = Member(**json.loads(store.get(f"{PREFIX}/member/{index}")))
+                everyone.append(member)
+                found = _check(member, leader, arrived, num_nodes)
+                arrived.setdefault((member.node_rank, member.local_rank), member)
+                problems.extend(p for p in found if p not in problems)
+                if found and fail_fast:
+                    raise StartupError(_disagreement(problems))
+            read = count
+            if expected <= arrived.keys():
+                members = sorted(everyone, key=lambda m: (m.node_rank, m.local_rank, m.pid))
+                return Roster(members, problems)
+            waited = time.monotonic() - started
+            if waited > timeout.total_seconds():
+                raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems) + advice)
+            if report.due <= waited:
+                report.show(waited, waiting(arrived, num_nodes, devices, waited, timeout, address))
+            time.sleep(0.05)
+    finally:
+        report.close()
 
 
 def _check(member: Member, leader: Member, arrived: dict[tuple[int, int], Member], num_nodes: int) -> list[str]:

@@ -1,0 +1,106 @@
+"""training.MonitorCheck: a monitor naming a metric the model never logs stops the run in its first step, leaving the
+run's directory as it was, while a metric logged at an epoch's end is never refused."""
+
+import pytest
+import torch
+
+from models import ToyModel
+from tests.helpers import DDP_YAML, SINGLE_PROCESS
+
+ONE_EPOCH = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+
+
+class EpochLevelTrainMetric(ToyModel):
+    """Logs ``train/mse`` from its training step at epoch level only: it shows among the metrics at the epoch's end."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.log("train/mse", loss, on_step=False, on_epoch=True)
+        return loss
+
+
+class LateValidationMetric(ToyModel):
+    """Logs ``val/score`` at the end of a validation, but not in the sanity check, as many modules do."""
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.log("val/score", torch.tensor(1.0))
+
+
+def monitoring(tmp_path, monitor: str) -> list[str]:
+    config = tmp_path / "monitor.yaml"
+    config.write_text(
+        "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        f"      init_args:\n        monitor: {monitor}\n        mode: max\n        dirpath: best\n"
+    )
+    return ["-c", str(config)]
+
+
+def stopped(run_cli, capsys, *args: str) -> str:
+    """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *args)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def files_in(directory) -> dict:
+    return {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+
+
+def test_a_monitor_close_to_a_logged_name_stops_a_resumed_run_leaving_its_directory_as_it_was(
+    run_cli, capsys, tmp_path
+):
+    run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *ONE_EPOCH, "--trainer.max_epochs=1")
+    run = tmp_path / "logs" / "toy" / "default"
+    before = files_in(run)
+    assert (run / "hparams.yaml") in before and (run / "config.yaml") in before
+    capsys.readouterr()
+    last = stopped(run_cli, capsys, *monitoring(tmp_path, "val/los"), *ONE_EPOCH, "--trainer.max_epochs=2")
+    assert last == (
+        "error: ModelCheckpoint monitors 'val/los', which the model does not log; it logs 'val/loss'. Set monitor: "
+        "val/loss in the config, or log 'val/los' with self.log in the model. (Found in the first training step; "
+        "Lightning would stop at the end of the first epoch.)"
+    )
+    assert files_in(run) == before, "the refused attempt changed the run's directory"
+    assert not (tmp_path / "best").exists()
+
+
+def test_a_monitor_far_from_every_logged_name_stops_a_new_run_before_it_writes_anything(run_cli, capsys, tmp_path):
+    last = stopped(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *ONE_EPOCH, "--trainer.max_epochs=1")
+    assert last == (
+        "error: ModelCheckpoint monitors 'accuracy', which the model does not log; it logs 'train/loss', 'val/loss'. "
+        "Set monitor to one of them in the config, or log 'accuracy' with self.log in the model. (Found in the first "
+        "training step; Lightning would stop at the end of the first epoch.)"
+    )
+    assert not (tmp_path / "logs" / "toy" / "default").exists(), "the refused run left its directory behind"
+
+
+@pytest.mark.parametrize(
+    "model, monitor", [("EpochLevelTrainMetric", "train/mse"), ("LateValidationMetric", "val/score")]
+)
+def test_a_metric_that_appears_only_at_an_epochs_end_is_not_refused(run_cli, tmp_path, model, monitor):
+    model_args = ["--model", f"tests.test_monitor_check.{model}", "--model.init_args.hidden_features=8"]
+    result = run_cli(
+        "fit",
+        "-c",
+        DDP_YAML,
+        *SINGLE_PROCESS,
+        *monitoring(tmp_path, monitor),
+        *model_args,
+        *ONE_EPOCH,
+        "--trainer.max_epochs=1",
+    )
+    assert monitor in result.trainer.callback_metrics
+    assert len(list((tmp_path / "best").glob("*.ckpt"))) == 1, "the monitored checkpoint was not saved"
+
+
+def test_without_a_sanity_check_only_a_monitor_close_to_a_logged_name_is_refused(run_cli, capsys, tmp_path):
+    no_sanity = ["--trainer.num_sanity_val_steps=0", *ONE_EPOCH, "--trainer.max_epochs=1"]
+    last = stopped(run_cli, capsys, *monitoring(tmp_path, "train_loss"), *no_sanity)
+    assert last.startswith("error: ModelCheckpoint monitors 'train_loss', which the model does not log; it logs ")
+    # The validation names are unknown until the first validation: Lightning's own check at the epoch's end.
+    last = stopped(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *no_sanity)
+    assert last.startswith("error: `ModelCheckpoint(monitor='accuracy')` could not find the monitored key")
