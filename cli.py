@@ -101,21 +101,16 @@ class CLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         if isinstance(trainer.strategy, DDPStrategy):  # every node must run the same config
             trainer.strategy.startup_facts["config"] = config_items(self.config[self.subcommand].as_dict())
+        if self.subcommand:  # ckpt_path: last in an object store, which Lightning 2.6.6 cannot search (resume.py)
+            config = self.config_init[self.subcommand]
+            config.ckpt_path = resume_path(trainer, config.ckpt_path)
         return trainer
 
     def before_fit(self) -> None:
-        self.resolve_ckpt_path()
         # Runs in the launching process: a run past its end stops here, before any other process starts.
         problem = past_end(self.trainer, self.config_init.fit.ckpt_path, self.config.fit.weights_only)
         if problem:
             self.parser.error(problem)
-
-    def resolve_ckpt_path(self) -> None:
-        # ckpt_path: last with the run in an object store, which Lightning 2.6.6 cannot search (training/resume.py).
-        config = self.config_init[self.subcommand]
-        config.ckpt_path = resume_path(self.trainer, config.ckpt_path)
-
-    before_validate = before_test = before_predict = resolve_ckpt_path
 
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
