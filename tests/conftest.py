@@ -66,10 +66,9 @@ def run_cli(tmp_path, monkeypatch):
     torch.set_float32_matmul_precision(precision)
 
 
-@pytest.fixture
-def two_hosts():
+@contextlib.contextmanager
+def network_namespaces(tag: str):
     """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
-    tag = f"{os.getpid() % 100000}"
     hosts = [
         {"netns": f"ddp{tag}a", "interface": f"vddp{tag}a", "address": "10.231.0.1"},
         {"netns": f"ddp{tag}b", "interface": f"vddp{tag}b", "address": "10.231.0.2"},
@@ -96,3 +95,16 @@ def two_hosts():
     finally:
         for host in hosts:
             subprocess.run(["ip", "netns", "delete", host["netns"]], capture_output=True)
+
+
+@pytest.fixture
+def two_hosts():
+    with network_namespaces(f"{os.getpid() % 100000}") as hosts:
+        yield hosts
+
+
+@pytest.fixture(scope="module")
+def two_hosts_for_module():
+    """The same two hosts for every test of a module that shares one run."""
+    with network_namespaces(f"{os.getpid() % 100000}m") as hosts:
+        yield hosts
