@@ -13,7 +13,7 @@ usage() {
     exit 2
 }
 
-# KEY=value lines of the settings file, unless the environment sets KEY already.
+# KEY=value lines of the settings file, unless the environment sets KEY already (listed in from_environment).
 load_settings() {
     local file=$1 line key number=0
     [[ -f $file ]] || die "settings file $file not found. Copy scripts/cluster.env there or point CLUSTER_ENV at it."
@@ -23,7 +23,11 @@ load_settings() {
         [[ $line =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] \
             || die "$file:$number: expected KEY=value, got: $line"
         key=${BASH_REMATCH[1]}
-        [[ -n ${!key+set} ]] || printf -v "$key" '%s' "${BASH_REMATCH[2]}"
+        if [[ -n ${!key+set} ]]; then
+            from_environment+=("$key=${!key}")
+        else
+            printf -v "$key" '%s' "${BASH_REMATCH[2]}"
+        fi
         settings+=("$key")
     done <"$file"
 }
@@ -175,6 +179,7 @@ validate_node() {
     NODE_RANK=$((10#$NODE_RANK))
 
     settings=()
+    from_environment=()
     load_settings "$CLUSTER_ENV"
     MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} # this machine alone; scripts/launch_cluster.sh passes the master's address
     require MASTER_PORT CONFIGS CONNECT_TIMEOUT LOG_DIR

@@ -103,6 +103,11 @@ on_exit() {
     [[ -z ${fifo_dir:-} ]] || rm -rf "$fifo_dir"
 }
 
+# The knobs this node took from the environment, for the command that resumes the job (below).
+knobs=()
+for key in CLUSTER_ENV NUM_NODES LAUNCHER MAX_RESTARTS RUN_ID PYTHON; do
+    [[ -z ${!key:-} ]] || knobs+=("$key=${!key}")
+done
 LAUNCHER=${LAUNCHER:-lightning}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
@@ -115,6 +120,9 @@ if [[ -n ${STOP_WITH_STDIN:-} && $STOP_WITH_STDIN != 0 ]]; then
 fi
 prepare_node "$@"
 export_node_environment
+# Training names this command, with the environment it depends on, as the one that resumes the job after it lost
+# a node: the same on every node but for the node rank.
+launch_command=$(quote "${from_environment[@]}" "${knobs[@]}" "$0" "$@")
 
 if [[ -n ${DEBUG:-} && $DEBUG != 0 ]]; then
     export TORCH_DISTRIBUTED_DEBUG=DETAIL
@@ -187,7 +195,7 @@ tee -ia "$log_file" <"$fifo_dir/output" &
 tee_pid=$!
 # A session of its own: a Ctrl-C reaches training once, through the trap above. A script starts its
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.
-(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
+(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
 child=$!
 
 # A trapped signal ends `wait` early with 128+signal; wait again for the status training exited with.

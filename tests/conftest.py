@@ -72,3 +72,12 @@ def two_hosts():
 
     with network_namespaces(f"{os.getpid() % 100000}") as hosts:
         yield hosts
+
+
+@pytest.fixture(scope="module")
+def two_hosts_for_module():
+    """The same two hosts for every test of a module that shares one run."""
+    from tests.hosts import network_namespaces
+
+    with network_namespaces(f"{os.getpid() % 100000}m") as hosts:
+        yield hosts

@@ -138,6 +138,22 @@ class HoldAtStep(Callback):
                 signal.signal(signum, handler)
 
 
+class HoldInSave(Callback):
+    """Holds global rank ``rank`` inside ``on_save_checkpoint`` while ``hold_file`` exists, as a slow save would;
+    writes ``<hold_file>.held`` when it starts holding. The other ranks wait for it in the next collective."""
+
+    def __init__(self, rank: int, hold_file: str) -> None:
+        self.rank = rank
+        self.hold_file = Path(hold_file)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        if trainer.global_rank != self.rank or not self.hold_file.exists():
+            return
+        Path(f"{self.hold_file}.held").touch()
+        while self.hold_file.exists():
+            time.sleep(0.02)
+
+
 class MetricProbe(Callback):
     """Saves the metrics of the latest validation run as ``metrics.pt`` in ``out_dir``, from global rank 0."""
 

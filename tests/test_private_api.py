@@ -100,8 +100,12 @@ def private_uses(path: Path) -> list[str]:
     return found
 
 
+# Documented public API of the standard library despite the underscore: os._exit ends a process at once.
+PUBLIC_WITH_UNDERSCORE = {"_exit"}
+
+
 def is_private(name: str) -> bool:
-    return name.startswith("_") and not name.endswith("__")
+    return name.startswith("_") and not name.endswith("__") and name not in PUBLIC_WITH_UNDERSCORE
 
 
 def is_private_path(dotted: str) -> bool:

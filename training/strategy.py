@@ -1,4 +1,5 @@
-"""Lightning's DDPStrategy, with a start-up handshake that explains a job that cannot start."""
+"""Lightning's DDPStrategy, with a start-up handshake that explains a job that cannot start and a heartbeat that
+explains a job that lost a node."""
 
 import atexit
 import os
@@ -17,7 +18,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.constants import default_pg_timeout
 
+from training import lost_peer
 from training.fingerprint import checkpoint_fact, code_digest
+from training.liveness import Liveness
 from training.startup import FIXES, Member, StartupError, handshake
 
 
@@ -32,8 +35,14 @@ class DDPStrategy(LightningDDPStrategy):
     Once the checkpoint is loaded, the processes check that they all loaded the same one and that it fits the
     model, again stopping with one paragraph.
 
+    While the job runs, every process sends a heartbeat through the same store (training/liveness.py); a
+    process not heard from for ``peer_timeout`` stops the job on every node that still runs, with one paragraph
+    naming the lost node, the last complete checkpoint and the command that resumes, instead of a wait for the
+    collective ``timeout``. A collective that fails is explained the same way.
+
     Args:
         join_timeout: how long global rank 0 waits for every process to arrive, e.g. ``"0:10:00"``.
+        peer_timeout: how long a process may go unheard before the job counts it as lost, e.g. ``"0:01:00"``.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
@@ -42,11 +51,16 @@ class DDPStrategy(LightningDDPStrategy):
         *args: Any,
         timeout: timedelta = default_pg_timeout,
         join_timeout: timedelta = timedelta(minutes=10),
+        peer_timeout: timedelta = timedelta(minutes=1),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, timeout=timeout, **kwargs)
         self.timeout = timeout
         self.join_timeout = join_timeout
+        self.peer_timeout = peer_timeout
+        self.liveness: Liveness | None = None
+        self.running: Trainer | None = None
+        self.saved: dict[str, Any] | None = None  # a checkpoint this process saw saved, complete at the next barrier
         self.startup_facts: dict[str, Any] = {}
         self.checkpoint_problem = ""
         # Read before Lightning's launcher sets it: given by the user, it means the processes are started outside.
@@ -68,7 +82,36 @@ class DDPStrategy(LightningDDPStrategy):
             if backend == "nccl":
                 atexit.register(leave_process_group)
             rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
+            self.liveness = self._liveness()
+            self.liveness.start()
         super().setup_distributed()
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = str(filepath) if "://" in str(filepath) else os.path.abspath(filepath)
+        self.saved = {"path": path, "epoch": checkpoint.get("epoch"), "step": checkpoint.get("global_step")}
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        super().barrier(*args, **kwargs)
+        # Global rank 0 saves before it reaches any barrier: once this one passed, the save is complete.
+        if self.saved is not None and self.liveness is not None:
+            self.liveness.checkpoint_saved(**self.saved)
+        self.saved = None
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        # SIGTERM's stop and Ctrl-C are no errors; a StartupError is already the whole job's verdict.
+        if self.liveness is None or not isinstance(exception, Exception) or isinstance(exception, StartupError):
+            return
+        if lost_peer.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
+            self.liveness.stop_job(paragraph)
+        self.liveness.errored(exception)
+
+    def teardown(self) -> None:
+        if self.liveness is not None:
+            self.liveness.stop()
+            self.liveness = None
+        super().teardown()
 
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         # Reported in setup() by every process at once: a process that raised here alone would leave the
@@ -93,6 +136,7 @@ class DDPStrategy(LightningDDPStrategy):
             everyone = [None] * self.world_size
             dist.all_gather_object(everyone, mine)
         self.checkpoint_problem = ""
+        self.running = trainer
         loads = {where: fact for where, fact, _ in everyone}
         if len(set(loads.values())) > 1:
             shown = ", ".join(f"{where} loads {fact}" for where, fact in loads.items())
@@ -161,10 +205,8 @@ class DDPStrategy(LightningDDPStrategy):
         )
 
     def _connect(self, host: str, port: int, address: str) -> Store:
-        # Under torchrun every process is a client of the agent's store, which outlives a restart of the
-        # workers: a fresh prefix per attempt keeps the new workers from reading the dead ones' keys.
-        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        serve = self.global_rank == 0 and not agent_store
+        prefix = attempt_prefix()
+        serve = self.global_rank == 0 and prefix is None
         try:
             store = TCPStore(host, port, is_master=serve, timeout=self.join_timeout, wait_for_workers=False)
         except RuntimeError as error:
@@ -178,9 +220,31 @@ class DDPStrategy(LightningDDPStrategy):
                 "Check that node 0 is running, that every node uses the same MASTER_ADDR and MASTER_PORT, and that "
                 "the master's firewall lets this node reach that port."
             ) from error
-        if agent_store:
-            return PrefixStore(f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
-        return store
+        return PrefixStore(prefix, store) if prefix else store
+
+    def _liveness(self) -> Liveness:
+        environment = self.cluster_environment
+        return Liveness(
+            (environment.main_address, environment.main_port, attempt_prefix()),
+            {"rank": self.global_rank, "node": self.node_rank, "local": self.local_rank},
+            self.world_size,
+            self.peer_timeout,
+            self.timeout,
+            self._progress,
+            announce=self.local_rank == 0,
+        )
+
+    def _progress(self) -> tuple[int, int] | None:
+        trainer = self.running
+        return (trainer.current_epoch, trainer.global_step) if trainer is not None else None
+
+
+def attempt_prefix() -> str | None:
+    """Under torchrun every process is a client of the agent's store, which outlives a restart of the workers: a
+    fresh prefix per attempt keeps the new workers from reading the dead ones' keys."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def leave_process_group() -> None:

@@ -1,0 +1,251 @@
+"""Liveness of the processes of a job, kept apart from the collectives and their timeout.
+
+Every process writes a heartbeat into the job's TCPStore every ``period`` and reads everyone else's, from a
+thread with its own store client: training may sit in a collective, a checkpoint save or a validation for as
+long as it likes without missing a beat, and no training step waits for it. A second thread only looks at the
+clock, so a store operation that never returns (a cut link) cannot hide a lost peer. When a peer has been
+silent for ``peer_timeout``, or the store itself (which lives in global rank 0's process, on node 0) has, every
+surviving process stops the job with one paragraph (training/lost_peer.py) and ``os._exit``: a gloo collective
+cannot be aborted, and the one in flight would wait out the strategy's collective timeout.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import PrefixStore, Store, TCPStore
+
+from training import lost_peer
+
+PREFIX = "liveness"
+EXIT_STATUS = 1
+# After a failed collective, a peer silent this long (or peer_timeout, if shorter) is the one that failed.
+FAILURE_GRACE = timedelta(seconds=10)
+
+
+def beat_period(peer_timeout: timedelta) -> float:
+    """Seconds between heartbeats: a tenth of ``peer_timeout``, at most 2 s."""
+    return min(peer_timeout.total_seconds() / 10, 2.0)
+
+
+@dataclass
+class Heard:
+    """The latest heartbeat of one process, and when it last changed (monotonic and wall clock)."""
+
+    beat: dict[str, Any]
+    changed: float
+    changed_at: float = field(default_factory=time.time)
+
+
+class Liveness:
+    """The heartbeat of one process and its watch over the others.
+
+    Args:
+        store: ``(host, port, prefix)`` of the job's store; ``prefix`` (or None) is that of the handshake's keys.
+        me: this process's ``rank``, ``node`` and ``local`` rank.
+        world_size: the number of processes of the job.
+        peer_timeout: how long a peer may stay silent before it counts as lost.
+        collective_timeout: the strategy's ``timeout``, named in the paragraphs.
+        progress: returns this process's ``(epoch, step)``, or None before training.
+        announce: whether this process prints the paragraph (one per node).
+    """
+
+    def __init__(
+        self,
+        store: tuple[str, int, str | None],
+        me: dict[str, int],
+        world_size: int,
+        peer_timeout: timedelta,
+        collective_timeout: timedelta,
+        progress: Callable[[], tuple[int, int] | None],
+        announce: bool,
+    ) -> None:
+        self.store = store
+        self.store_address = f"{store[0]}:{store[1]}"
+        self.me = {**me, "host": socket.gethostname(), "address": address_towards(store[0], store[1])}
+        self.world_size = world_size
+        self.peer_timeout = peer_timeout
+        self.period = beat_period(peer_timeout)
+        self.progress = progress
+        self.describe = {"command": lost_peer.launch_command(), "collective_timeout": collective_timeout}
+        self.announce = announce
+        self.state: dict[str, Any] = {"state": "running"}
+        self.checkpoint: dict[str, Any] | None = None
+        self.started = time.monotonic()
+        self.heard: dict[int, Heard] = {}
+        self.store_heard = self.started
+        self.store_heard_at = time.time()
+        self.client: Store | None = None
+        self.count = 0
+        self.stopped = threading.Event()
+        self.stopping = threading.Lock()
+        self.why = (
+            f"for longer than peer_timeout ({peer_timeout}), so this node stopped rather than wait out the "
+            f"collective timeout ({collective_timeout})"
+        )
+
+    def start(self) -> None:
+        threading.Thread(target=self._beat, name="liveness-beat", daemon=True).start()
+        threading.Thread(target=self._watch, name="liveness-watch", daemon=True).start()
+
+    def stop(self) -> None:
+        """This process ends (normally, or after its own error): nobody may take it for lost once it is gone."""
+        if self.state["state"] == "running":
+            self.state = {"state": "done"}
+            self._publish()
+        self.stopped.set()
+
+    def checkpoint_saved(self, path: str, epoch: int, step: int) -> None:
+        """A checkpoint every process knows to be complete (the barrier after its save has passed)."""
+        self.checkpoint = {"path": path, "epoch": epoch, "step": step}
+        self._publish()
+
+    def failed(self, error: BaseException) -> str | None:
+        """The paragraph for a collective that failed with ``error``, or None where nothing explains it.
+
+        A peer that was killed fails gloo at once, before its silence shows: wait up to FAILURE_GRACE for a
+        peer to fall silent or report its own error. If all kept answering, a timeout is the collective's own.
+        """
+        grace = min(FAILURE_GRACE, self.peer_timeout).total_seconds()
+        deadline = time.monotonic() + grace + 2 * self.period
+        why = f"and a collective with it failed ({lost_peer.one_line(error)}), so this node stopped"
+        while time.monotonic() < deadline:
+            if paragraph := self.verdict(grace, why, failed=True):
+                return paragraph
+            time.sleep(min(self.period, 0.5))
+        if lost_peer.timed_out(error):
+            return lost_peer.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
+        return None
+
+    def errored(self, error: BaseException) -> None:
+        """This process stops with its own error: the others name it instead of waiting for its silence."""
+        self.state = {"state": "failed", "error": lost_peer.one_line(error)}
+        self._publish()
+
+    def stop_job(self, paragraph: str) -> None:
+        """Print ``paragraph`` (local rank 0) and end the process; the first caller wins, others wait for it."""
+        if not self.stopping.acquire(blocking=False):
+            threading.Event().wait()
+        self.state = {"state": "stopping", "verdict": paragraph}
+        self._publish()
+        if self.announce:
+            sys.stdout.flush()
+            print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
+        os._exit(EXIT_STATUS)
+
+    def verdict(self, silence: float, why: str, failed: bool = False) -> str | None:
+        """The paragraph if a peer stopped the job, or (with ``failed``, after a collective failed) ended with
+        an error, or if a peer or the store has been silent for ``silence`` seconds (``why`` says what that
+        means); else None."""
+        now = time.monotonic()
+        heard = dict(self.heard)
+        for peer in heard.values():
+            if peer.beat.get("state") == "stopping":
+                return peer.beat["verdict"]
+        for peer in heard.values() if failed else ():
+            if peer.beat.get("state") == "failed":
+                return lost_peer.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
+        if now - self.store_heard > silence:
+            zero = heard[0].beat if 0 in heard else {}
+            if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
+                return None
+            return lost_peer.store_lost(zero, self.store_address, self.store_heard_at, why, self._tail("node 0"))
+        if now - self.store_heard > 2 * self.period:
+            return None  # no fresh news of anyone: the peers' silence says nothing about them
+        silent = {
+            rank: heard.get(rank) for rank in range(self.world_size) if self._silent(heard.get(rank), now, silence)
+        }
+        if not silent:
+            return None
+        nodes = {peer.beat["node"] for peer in silent.values() if peer is not None}
+        whole = [node for node in sorted(nodes) if all(r in silent for r, p in heard.items() if p.beat["node"] == node)]
+        lost = " and ".join(f"node {node}" for node in whole) or None
+        return lost_peer.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
+
+    def _silent(self, peer: Heard | None, now: float, silence: float) -> bool:
+        if peer is None:  # never heard from: counted from when this process started listening
+            return now - self.started > silence
+        return peer.beat.get("state") != "done" and now - peer.changed > silence
+
+    def _tail(self, lost: str | None) -> str:
+        zero = self.heard.get(0)
+        checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
+        return lost_peer.tail(lost, self.progress(), checkpoint, self.describe["command"])
+
+    def _beat_value(self) -> str:
+        self.count += 1
+        beat = {"count": self.count, **self.me, **self.state}
+        if self.checkpoint:
+            beat["checkpoint"] = self.checkpoint
+        return json.dumps(beat)
+
+    def _publish(self) -> None:
+        """Send this process's state now, waiting at most one period: a client serialises its operations, and
+        the heartbeat's own may hang on a store that stopped answering."""
+        client = self.client
+        if client is None:
+            return
+
+        def send() -> None:
+            with contextlib.suppress(RuntimeError):
+                client.set(f"{PREFIX}/{self.me['rank']}", self._beat_value())
+
+        sender = threading.Thread(target=send, name="liveness-publish", daemon=True)
+        sender.start()
+        sender.join(self.period)
+
+    def _beat(self) -> None:
+        keys = [f"{PREFIX}/{rank}" for rank in range(self.world_size)]
+        present: list[str] = []
+        while not self.stopped.is_set():
+            try:
+                if self.client is None:
+                    self.client = self._reconnect()
+                self.client.set(f"{PREFIX}/{self.me['rank']}", self._beat_value())
+                present += [key for key in keys if key not in present and self.client.check([key])]
+                values = self.client.multi_get(present) if present else []
+                self.store_heard, self.store_heard_at = time.monotonic(), time.time()
+                for key, value in zip(present, values, strict=True):
+                    self._heard(int(key.rsplit("/", 1)[1]), json.loads(value))
+            except (RuntimeError, OSError, ValueError):
+                self.client = None
+            self.stopped.wait(self.period)
+
+    def _reconnect(self) -> Store:
+        # A failed store operation makes torch print a C++ backtrace: knock on the port first, quietly.
+        host, port, prefix = self.store
+        with socket.create_connection((host, port), timeout=self.period):
+            pass
+        # Longer than peer_timeout: a store that stops answering is the watch's to report, without the warning
+        # torch prints when an operation times out.
+        timeout = max(2 * self.peer_timeout, timedelta(seconds=5))
+        client = TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        return PrefixStore(prefix, client) if prefix else client
+
+    def _heard(self, rank: int, beat: dict[str, Any]) -> None:
+        previous = self.heard.get(rank)
+        if previous is None or previous.beat.get("count") != beat.get("count"):
+            self.heard[rank] = Heard(beat, time.monotonic())
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(self.period):
+            if paragraph := self.verdict(self.peer_timeout.total_seconds(), self.why):
+                self.stop_job(paragraph)
+
+
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on the way to ``host`` (no packet is sent), or "" if there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return probe.getsockname()[0]
+    except OSError:
+        return ""

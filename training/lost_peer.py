@@ -1,0 +1,128 @@
+"""The paragraphs that explain a job stopped by a lost peer, a failed peer or a collective that timed out.
+
+A heartbeat (training/liveness.py) is a dict: ``rank``, ``node``, ``local``, ``host``, ``address``, ``state``
+and, from global rank 0, the last complete ``checkpoint``.
+"""
+
+import os
+import re
+import shlex
+import sys
+import time
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed import DistError
+
+# What gloo and NCCL say when a peer went away or a collective ran out of time.
+COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset|refused)|broken pipe|timed out|timeout", re.I)
+TIMED_OUT = re.compile(r"timed out|timeout", re.I)
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    return isinstance(error, DistError) or (
+        isinstance(error, RuntimeError) and bool(COLLECTIVE_FAILURE.search(str(error)))
+    )
+
+
+def timed_out(error: BaseException) -> bool:
+    return bool(TIMED_OUT.search(str(error)))
+
+
+def one_line(error: BaseException) -> str:
+    """The error's type and first sentence, without the source location gloo starts its messages with."""
+    lines = str(error).strip().splitlines()
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0] if lines else "")
+    sentence = re.split(r"(?<=\.)\s", first, maxsplit=1)[0]
+    text = f"{type(error).__name__}: {sentence}".strip()
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def collective_name(error: BaseException) -> str:
+    """The collective that ``error`` came out of, from its traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    calls = [frame.name for frame in frames if frame.filename.endswith("distributed_c10d.py")]
+    if calls:
+        return f"torch.distributed.{calls[0]}"
+    if any("backward" in frame.name for frame in frames):
+        return "DDP's gradient all-reduce during backward"
+    return "a collective"
+
+
+def launch_command() -> str:
+    """The command that started this node: the launcher's (LAUNCH_COMMAND), else this process's."""
+    return os.environ.get("LAUNCH_COMMAND") or shlex.join(["python", *sys.argv])
+
+
+def where(beat: dict[str, Any]) -> str:
+    place = ", ".join(part for part in (beat.get("host"), beat.get("address")) if part)
+    return f"node {beat.get('node', '?')}" + (f" ({place})" if place else "")
+
+
+def clock(wall: float) -> str:
+    return f"{time.strftime('%H:%M:%S', time.localtime(wall))} ({time.time() - wall:.0f} s ago)"
+
+
+def peers_lost(silent: dict[int, Any], beats: dict[int, dict[str, Any]], why: str, tail: str) -> str:
+    """``silent``: rank -> its last Heard (None if never heard from); ``beats``: every rank's last heartbeat."""
+    parts = []
+    by_node: dict[Any, list[int]] = {}
+    for rank in sorted(silent):
+        by_node.setdefault(beats[rank]["node"] if rank in beats else None, []).append(rank)
+    for node, ranks in by_node.items():
+        if node is None:
+            parts.append(f"process rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}, never heard from")
+            continue
+        last = max(silent[rank].changed_at for rank in ranks)
+        whole = sorted(rank for rank, beat in beats.items() if beat.get("node") == node) == ranks
+        who = where(beats[ranks[0]]) if whole else f"rank {', '.join(map(str, ranks))} of {where(beats[ranks[0]])}"
+        parts.append(f"{who}, last heard from at {clock(last)}")
+    return f"the job lost {'; '.join(parts)}: no heartbeat since, {why}. {tail}"
+
+
+def store_lost(zero: dict[str, Any], store_address: str, heard_at: float, why: str, tail: str) -> str:
+    return (
+        f"the job lost {where({**zero, 'node': 0})}: the job's store at {store_address}, which global rank 0 holds "
+        f"there, has not answered since {clock(heard_at)}, {why}. {tail}"
+    )
+
+
+def peer_failed(beat: dict[str, Any], error: str, tail: str) -> str:
+    return (
+        f"rank {beat.get('rank')} (local rank {beat.get('local')}) of {where(beat)} stopped with an error: {error}. "
+        f"Its node's log (logs/nodes/node{beat.get('node')}.log there) has the traceback; every other process "
+        f"stopped with it. {tail}"
+    )
+
+
+def collective_timeout(error: BaseException, timeout: timedelta, tail: str) -> str:
+    return (
+        f"{collective_name(error)} waited longer than the collective timeout ({timeout}) and failed, while every "
+        "process of the job kept sending its heartbeat: no node was lost, but one process lagged far behind the "
+        "others here (a long checkpoint save, a stalled data loader, uneven work; the node logs show which). If "
+        f"such waits are expected, raise trainer.strategy.init_args.timeout (now {timeout}) in the config or on the "
+        f"command line. {tail}"
+    )
+
+
+def tail(lost: str | None, progress: tuple[int, int] | None, checkpoint: dict[str, Any] | None, command: str) -> str:
+    """Where the job had got to, its last complete checkpoint and the command that resumes from it."""
+    reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
+    if checkpoint:
+        saved = (
+            f"The last complete checkpoint is {checkpoint['path']} (epoch {checkpoint['epoch']}, step "
+            f"{checkpoint['step']})."
+        )
+    else:
+        saved = (
+            "No checkpoint was completed since this attempt started: resuming uses the run's newest last.ckpt, if any."
+        )
+    back = f"once {lost} is back (or replaced), " if lost else ""
+    resume = f"To resume from it, {back}run the same command on every node again (only the node rank differs)"
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        resume = (
+            "torchrun restarts the workers from it by itself, up to its --max-restarts, once every node has joined "
+            f"again; if it gives up: {resume[0].lower()}{resume[1:]}"
+        )
+    return f"{reached} {saved} {resume}; this node was started with: {command}".strip()
