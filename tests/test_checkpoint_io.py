@@ -5,6 +5,7 @@ import logging
 import multiprocessing
 import multiprocessing.synchronize
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -95,3 +96,20 @@ def test_a_link_as_last_checkpoint_with_background_writes_is_refused():
     assert problem.endswith("or background: false on the AtomicCheckpointIO entry of trainer.plugins.")
     io["init_args"]["background"] = False
     assert combination_problem({"trainer": {"callbacks": [checkpoint], "plugins": [io]}}) is None
+
+
+def test_a_checkpoint_written_in_the_background_counts_as_saved_only_once_it_is_on_disk(tmp_path, monkeypatch):
+    # What a lost node's paragraph names as the last complete checkpoint (DDPStrategy's barrier) comes from here.
+    release, counted, written = threading.Event(), threading.Event(), []
+    io = AtomicCheckpointIO(background=True)
+    write = io.write
+    monkeypatch.setattr(io, "write", lambda *args: release.wait(600) and write(*args))
+    io.save_checkpoint(state(1), tmp_path / "last.ckpt")
+    io.when_written(lambda: (written.append((tmp_path / "last.ckpt").exists()), counted.set()))
+    assert not counted.wait(0.5) and written == []
+    release.set()
+    assert counted.wait(600) and written == [True]
+    io.wait()
+    io.when_written(lambda: written.append("at once"))  # nothing pending
+    assert written == [True, "at once"]
+    io.teardown()

@@ -302,6 +302,11 @@ def test_only_a_value_error_of_lightnings_own_code_naming_a_trainer_argument_is_
             "Lightning clips nothing at a value below 0, without a word. trainer.gradient_clip_val "
             "takes the gradient norm (or value) to clip at, such as 1.0, or null (or 0) for no clipping.",
         ),
+        (
+            "strategy.init_args.peer_timeout=0:00:00",
+            'a wait of no time would stop the job at its first chance. Give a duration as "h:mm:ss", such as the '
+            '"0:01:00" of configs/ddp.yaml.',
+        ),
     ],
 )
 def test_a_trainer_value_lightning_takes_unchecked_stops_before_anything_starts(

@@ -2,6 +2,7 @@
 asked, and removed only from the directory the run saves into."""
 
 import os
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if self.executor is not None:
                 self.executor.shutdown()
                 self.executor = None
+
+    def when_written(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every checkpoint asked for so far is written (at once without background writes;
+        never if a write fails)."""
+        if not self.pending:
+            callback()
+            return
+        self.pending[-1][1].add_done_callback(lambda future: future.exception() is None and callback())
 
     def queue(self, work: Any, *args: Any, copies: list[torch.Tensor]) -> None:
         if self.executor is None:

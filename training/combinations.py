@@ -5,6 +5,7 @@ values it takes without a check and then fails on (or ignores)."""
 import importlib
 import inspect
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training.startup import StartupError
 
 POSITIVE = re.compile(r"[1-9][0-9]*")
+DEFAULT_WAITS = {"timeout": "0:30:00", "join_timeout": "0:10:00", "peer_timeout": "0:01:00"}
 GPU_IDS = re.compile(r"[0-9]+(,[0-9]*)*")  # as Lightning reads "0,1": a trailing comma is allowed
 
 
@@ -92,6 +94,14 @@ def trainer_problem(config: dict[str, Any]) -> str | None:
     for key, fits, wrong, takes in RANGES:
         if key in trainer and not fits(trainer[key]):
             return f"trainer.{key}={trainer[key]}: Lightning {wrong}. trainer.{key} takes {takes}."
+    strategy = trainer.get("strategy")
+    waits = (strategy.get("init_args") or {}) if isinstance(strategy, dict) else {}
+    for key in ("timeout", "join_timeout", "peer_timeout"):  # training.DDPStrategy's
+        if isinstance(waits.get(key), timedelta) and waits[key] <= timedelta(0):
+            return (
+                f"trainer.strategy.init_args.{key}={waits[key]}: a wait of no time would stop the job at its first "
+                f'chance. Give a duration as "h:mm:ss", such as the "{DEFAULT_WAITS[key]}" of configs/ddp.yaml.'
+            )
     return None
 
 

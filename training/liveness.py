@@ -104,7 +104,7 @@ class Liveness:
         self.stopped.set()
 
     def checkpoint_saved(self, path: str, epoch: int, step: int) -> None:
-        """A checkpoint every process knows to be complete (the barrier after its save has passed)."""
+        """A checkpoint saved completely (training/strategy.py says when a process counts it so)."""
         self.checkpoint = {"path": path, "epoch": epoch, "step": step}
         self._publish()
 

@@ -93,9 +93,12 @@ class DDPStrategy(LightningDDPStrategy):
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         super().barrier(*args, **kwargs)
-        # Global rank 0 saves before it reaches any barrier: once this one passed, the save is complete.
+        # Global rank 0 saves before it reaches any barrier: once this one passed, the save is done, or, written in
+        # the background (training.AtomicCheckpointIO), queued: rank 0, which writes it, counts it once on disk.
         if self.saved is not None and self.liveness is not None:
-            self.liveness.checkpoint_saved(**self.saved)
+            saved, liveness = self.saved, self.liveness
+            when_written = getattr(self.checkpoint_io, "when_written", None) if self.is_global_zero else None
+            (when_written or (lambda callback: callback()))(lambda: liveness.checkpoint_saved(**saved))
         self.saved = None
 
     def on_exception(self, exception: BaseException) -> None:
