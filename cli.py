@@ -6,8 +6,10 @@ One process (CPU, or one GPU):
 One node, every visible GPU (or 2 CPU processes on gloo when there is no GPU; CUDA_VISIBLE_DEVICES picks GPUs):
     python cli.py fit -c configs/ddp.yaml
 
-N nodes (here 2, each with GPUs 0-3): set MASTER_ADDR in scripts/cluster.env and num_nodes in the
-config, then run the same command on every node, only the node rank differs:
+N nodes (here 2, each with GPUs 0-3), from one machine over ssh: a hostfile with one host per line, the master first:
+    ./scripts/launch_cluster.sh hosts 0,1,2,3
+or by hand: set MASTER_ADDR in scripts/cluster.env and num_nodes in the config, then run the same command on every
+node, only the node rank differs:
     ./scripts/run_ddp_train.sh 0,1,2,3 0  # on node 0, the master
     ./scripts/run_ddp_train.sh 0,1,2,3 1  # on node 1
 
