@@ -116,7 +116,7 @@ check_hosts() {
 run_nodes() {
     local i host
     open_pipes
-    alive=() signalled='' first_failed='' failed_status='' deadline='' timer=''
+    alive=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
     trap stop_timer EXIT
     trap 'stop_nodes INT 130 interrupted' INT
     trap 'stop_nodes TERM 143 terminated' TERM
@@ -133,6 +133,7 @@ run_nodes() {
         fi
     done
     stop_timer
+    wait_for_output
     if [[ -n $signalled ]]; then
         exit "$signalled"
     elif [[ -n $first_failed ]]; then
@@ -183,21 +184,35 @@ start_node() {
         # carrying what the nodes print while they stop.
         # shellcheck disable=SC2029  # the command is built here
         exec setsid ssh "${ssh_options[@]}" "${hosts[i]}" "$command"
-    ) > >(prefix_lines "[node $i ${addresses[i]}] ") 2>&1 &
+    ) > >(prefix_lines "[node $i ${addresses[i]}] " "$printed/node$i") 2>&1 &
     ssh_pids[i]=$!
     alive[i]=1
 }
 
-# The prefix goes before every line and every redraw of a progress bar (a carriage return).
+# The prefix $1 goes before every line and every redraw of a progress bar (a carriage return); file $2 is made once
+# the node's last line is printed.
 prefix_lines() {
     close_pipes
     trap '' INT # this script passes a Ctrl-C on to the nodes; what they print while stopping still shows
-    PREFIX=$1 exec awk '{
+    PREFIX=$1 awk '{
         line_end = sub(/\r$/, "") ? "\r" : ""
         gsub(/\r/, "\r" ENVIRON["PREFIX"])
         printf "%s%s%s\n", ENVIRON["PREFIX"], $0, line_end
         fflush()
     }'
+    : >"$2"
+}
+
+# The nodes' lines are printed by processes of their own, which may still be at it when the nodes have ended: the
+# launcher's last line comes after theirs (at most 30 s: a process a node left behind may hold its output open).
+wait_for_output() {
+    local i end=$((SECONDS + 30))
+    for i in "${!hosts[@]}"; do
+        while [[ ! -e $printed/node$i ]] && ((SECONDS < end)); do
+            sleep 0.1
+        done
+    done
+    rm -rf "$printed"
 }
 
 # Ask every running node to stop as on signal $1, and exit with $2 once they have; $3 says why.
