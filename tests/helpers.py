@@ -205,3 +205,13 @@ def serve(command: list[str], port: int, log: Path, timeout: float = 120) -> sub
                 server.kill()
                 raise AssertionError(f"{command[0]} did not start on port {port}:\n{log.read_text()}") from None
             time.sleep(0.2)
+
+
+def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
+    """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *args)
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]

@@ -8,7 +8,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from models import ToyModel
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, stopped_in_the_run
 from training.combinations import devices_problem, refused_setting
 
 
@@ -237,16 +237,6 @@ def test_an_optimizer_value_torch_rejects_stops_before_anything_starts(run_cli, 
         "on the command line."
     )
     assert not (tmp_path / "logs").exists()
-
-
-def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
-    """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
-    with pytest.raises(SystemExit) as exit_:
-        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *args)
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
 
 
 def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys, tmp_path):

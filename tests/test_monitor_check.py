@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from models import ToyModel
-from tests.helpers import DDP_YAML, SINGLE_PROCESS
+from tests.helpers import DDP_YAML, SINGLE_PROCESS, stopped_in_the_run
 
 ONE_EPOCH = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 
@@ -36,16 +36,6 @@ def monitoring(tmp_path, monitor: str) -> list[str]:
     return ["-c", str(config)]
 
 
-def stopped(run_cli, capsys, *args: str) -> str:
-    """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
-    with pytest.raises(SystemExit) as exit_:
-        run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *args)
-    assert exit_.value.code == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 def files_in(directory) -> dict:
     return {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()}
 
@@ -58,7 +48,7 @@ def test_a_monitor_close_to_a_logged_name_stops_a_resumed_run_leaving_its_direct
     before = files_in(run)
     assert (run / "hparams.yaml") in before and (run / "config.yaml") in before
     capsys.readouterr()
-    last = stopped(run_cli, capsys, *monitoring(tmp_path, "val/los"), *ONE_EPOCH, "--trainer.max_epochs=2")
+    last = stopped_in_the_run(run_cli, capsys, *monitoring(tmp_path, "val/los"), *ONE_EPOCH, "--trainer.max_epochs=2")
     assert last == (
         "error: ModelCheckpoint monitors 'val/los', which the model does not log; it logs 'val/loss'. Set monitor: "
         "val/loss in the config, or log 'val/los' with self.log in the model. (Found in the first training step; "
@@ -69,7 +59,7 @@ def test_a_monitor_close_to_a_logged_name_stops_a_resumed_run_leaving_its_direct
 
 
 def test_a_monitor_far_from_every_logged_name_stops_a_new_run_before_it_writes_anything(run_cli, capsys, tmp_path):
-    last = stopped(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *ONE_EPOCH, "--trainer.max_epochs=1")
+    last = stopped_in_the_run(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *ONE_EPOCH, "--trainer.max_epochs=1")
     assert last == (
         "error: ModelCheckpoint monitors 'accuracy', which the model does not log; it logs 'train/loss', 'val/loss'. "
         "Set monitor to one of them in the config, or log 'accuracy' with self.log in the model. (Found in the first "
@@ -99,8 +89,8 @@ def test_a_metric_that_appears_only_at_an_epochs_end_is_not_refused(run_cli, tmp
 
 def test_without_a_sanity_check_only_a_monitor_close_to_a_logged_name_is_refused(run_cli, capsys, tmp_path):
     no_sanity = ["--trainer.num_sanity_val_steps=0", *ONE_EPOCH, "--trainer.max_epochs=1"]
-    last = stopped(run_cli, capsys, *monitoring(tmp_path, "train_loss"), *no_sanity)
+    last = stopped_in_the_run(run_cli, capsys, *monitoring(tmp_path, "train_loss"), *no_sanity)
     assert last.startswith("error: ModelCheckpoint monitors 'train_loss', which the model does not log; it logs ")
     # The validation names are unknown until the first validation: Lightning's own check at the epoch's end.
-    last = stopped(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *no_sanity)
+    last = stopped_in_the_run(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *no_sanity)
     assert last.startswith("error: `ModelCheckpoint(monitor='accuracy')` could not find the monitored key")
