@@ -73,3 +73,18 @@ class ResumableDataLoader(EpochPosition, DataLoader):
 
     def resume_at(self, batches_done: int) -> None:
         self.sampler.skip_batches = batches_done
+
+
+def move_epoch_position(trainer: Trainer | None, batches: int) -> None:
+    """Move the trainer's count of the current epoch's batches by ``batches``, keeping its stages in step.
+
+    Lightning counts an epoch's batches in four stages (ready, started, processed, completed) and decides from
+    them when to step the optimizer; a loader that resumes at another batch than the checkpoint's count moves
+    all of them alike.
+    """
+    if trainer is None or batches == 0:
+        return
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    for tracker in (progress.current, progress.total):
+        for stage in ("ready", "started", "processed", "completed"):
+            setattr(tracker, stage, getattr(tracker, stage) + batches)

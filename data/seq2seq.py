@@ -229,17 +229,18 @@ class Seq2SeqDataModule(LightningDataModule):
         return loader(dataset, num_workers=workers, persistent_workers=persistent, pin_memory=on_gpu, **kwargs)
 
     def _streaming(self, split: str, shuffle: bool) -> StreamingPairs:
-        world_size, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        trainer = self.trainer
         return StreamingPairs(
             ShardReader(self.hparams.path, split, self.shards[split]),
             self.hparams.batch_size,
-            world_size,
-            rank,
+            trainer.world_size if trainer else 1,
+            trainer.global_rank if trainer else 0,
             ItemCollate(self.vocab),
             shuffle=shuffle,
             # The run's seed_everything, as Lightning's DistributedSampler has it: another seed, another order.
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-            pool_batches=50 if self.hparams.group_by_length else 1,
+            group_by_length=self.hparams.group_by_length,
+            accumulate=trainer.accumulate_grad_batches if trainer else 1,
         )
 
     def _cores_per_process(self) -> int:

@@ -84,6 +84,11 @@ wait_for_master() {
     done
 }
 
+# The address of this machine that packets to IPv4 address $1 leave from.
+source_address() {
+    ip -o route get "$1" 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p'
+}
+
 # Words as a shell would need them, leaving plain ones (paths, 0,1, host:port) readable.
 quote() {
     local word quoted=()

@@ -18,6 +18,9 @@
 #   NUM_NODES=N         overrides trainer.num_nodes of the config (printed when used)
 #   LAUNCHER=torchrun   start the processes with torchrun (c10d rendezvous) instead of Lightning
 #   MAX_RESTARTS=3      with LAUNCHER=torchrun: how often torchrun restarts all workers after one fails
+#   MIN_NODES=N         with LAUNCHER=torchrun: an elastic job of MIN_NODES to NUM_NODES nodes, which goes on
+#                       with the nodes it has after it lost one (overrides strategy min_nodes of the config)
+#   ELASTIC_WAIT=30     with MIN_NODES: seconds the rendezvous waits for more nodes once MIN_NODES are there
 #   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
 #   DRY_RUN=1           print this node's environment and command, then exit
 #   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM to training and killing it
@@ -105,7 +108,7 @@ on_exit() {
 
 # The knobs this node took from the environment, for the command that resumes the job (below).
 knobs=()
-for key in CLUSTER_ENV NUM_NODES LAUNCHER MAX_RESTARTS RUN_ID PYTHON; do
+for key in CLUSTER_ENV NUM_NODES MIN_NODES ELASTIC_WAIT LAUNCHER MAX_RESTARTS RUN_ID PYTHON; do
     [[ -z ${!key:-} ]] || knobs+=("$key=${!key}")
 done
 LAUNCHER=${LAUNCHER:-lightning}
@@ -113,12 +116,27 @@ MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
 [[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || die "LAUNCHER=$LAUNCHER: use lightning (the default) or torchrun."
 [[ $MAX_RESTARTS =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=$MAX_RESTARTS is not a non-negative integer."
+ELASTIC_WAIT=${ELASTIC_WAIT:-30}
+[[ $ELASTIC_WAIT =~ ^[0-9]+$ ]] || die "ELASTIC_WAIT=$ELASTIC_WAIT is not a number of seconds."
 if [[ -n ${STOP_WITH_STDIN:-} && $STOP_WITH_STDIN != 0 ]]; then
     follow_stdin <&0 >/dev/null 2>&1 &
     stdin_follower=$!
     trap stop_following EXIT
 fi
-prepare_node "$@"
+validate_node "$@"
+if [[ -n ${MIN_NODES:-} ]]; then
+    [[ $MIN_NODES =~ ^[1-9][0-9]*$ ]] || die "MIN_NODES=$MIN_NODES is not a positive integer."
+    [[ $LAUNCHER == torchrun ]] \
+        || die "MIN_NODES=$MIN_NODES asks for an elastic job, which needs torchrun's rendezvous: set LAUNCHER=torchrun too, on every node (Lightning's launcher starts a fixed number of nodes)."
+    echo "MIN_NODES=$MIN_NODES from the environment overrides strategy min_nodes of the config"
+    cli_args+=("--trainer.strategy.init_args.min_nodes=$MIN_NODES")
+fi
+parse_config
+nodes=$num_nodes
+if [[ $LAUNCHER == torchrun ]]; then
+    min_nodes=$("$PYTHON" -c 'import sys, yaml; s = yaml.safe_load(sys.stdin)["trainer"]["strategy"]; print(s.get("init_args", {}).get("min_nodes") or "" if isinstance(s, dict) else "")' <<<"$resolved")
+    [[ -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
+fi
 export_node_environment
 # Training names this command, with the environment it depends on, as the one that resumes the job after it lost
 # a node: the same on every node but for the node rank.
@@ -150,10 +168,16 @@ if [[ $LAUNCHER == torchrun ]]; then
     # torchrun's own log level: INFO shows the rendezvous and every restart of the workers.
     export LOGLEVEL=${LOGLEVEL:-INFO}
     export_keys+=(OMP_NUM_THREADS TORCH_DISABLE_SHARE_RDZV_TCP_STORE LOGLEVEL)
-    command=("$PYTHON" -m torch.distributed.run
-        "--nnodes=$num_nodes" "--nproc-per-node=$procs_per_node"
-        --rdzv-backend=c10d "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" --rdzv-id=ddp
-        "--rdzv-conf=join_timeout=$CONNECT_TIMEOUT" "--max-restarts=$MAX_RESTARTS"
+    # torchrun names each node by this address to the others (by default, by its host name, which may resolve to
+    # another interface) and numbers the nodes in the order of these addresses.
+    rendezvous=("--nnodes=$nodes" "--local-addr=$(source_address "$master_ip")")
+    if [[ $nodes == *:* ]]; then
+        rendezvous+=("--rdzv-conf=join_timeout=$CONNECT_TIMEOUT,last_call_timeout=$ELASTIC_WAIT")
+    else
+        rendezvous+=("--rdzv-conf=join_timeout=$CONNECT_TIMEOUT")
+    fi
+    command=("$PYTHON" -m torch.distributed.run "${rendezvous[@]}" "--nproc-per-node=$procs_per_node"
+        --rdzv-backend=c10d "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" --rdzv-id=ddp "--max-restarts=$MAX_RESTARTS"
         cli.py "${cli_args[@]}")
 else
     export_keys+=(NODE_RANK)
@@ -163,7 +187,7 @@ fi
 apply_exports
 
 if [[ -n ${DRY_RUN:-} && $DRY_RUN != 0 ]]; then
-    echo "# node $NODE_RANK of $num_nodes, $procs_per_node process(es) ($GPUS), launcher $LAUNCHER, in $project"
+    echo "# node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), launcher $LAUNCHER, in $project"
     echo "unset LOCAL_RANK RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK TORCHELASTIC_RUN_ID"
     for assignment in "${exports[@]}"; do
         echo "export ${assignment%%=*}=$(quote "${assignment#*=}")"
@@ -181,7 +205,7 @@ mkdir -p "$LOG_DIR"
 log_file=$LOG_DIR/node$NODE_RANK.log
 launch_id="$(hostname)-$$-$(date +%s%N)"
 {
-    echo "==== $(date '+%F %T') node $NODE_RANK of $num_nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
+    echo "==== $(date '+%F %T') node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
     printf '%s\n' "${exports[@]}"
     quote "${command[@]}"
 } | tee -a "$log_file"

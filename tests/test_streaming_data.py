@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from data import Seq2SeqDataModule
 from data.seq2seq import EOS
@@ -26,12 +27,24 @@ def shards(tmp_path_factory):
     return folder
 
 
-def module(folder, world_size: int = 1, rank: int = 0, **settings) -> Seq2SeqDataModule:
+def module(folder, world_size: int = 1, rank: int = 0, accumulate: int = 1, **settings) -> Seq2SeqDataModule:
     data = Seq2SeqDataModule(path=str(folder / "shards"), val_fraction=0.05, **{"batch_size": 8, **settings})
-    # What the loaders read of a trainer: the epoch is Lightning's, as it passes it to samplers.
-    progress = SimpleNamespace(epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)))
+    # What the loaders read of a trainer: the epoch is Lightning's, as it passes it to samplers, and the batches
+    # of the epoch it counts in its four stages.
+    batches = SimpleNamespace(
+        **{part: SimpleNamespace(ready=0, started=0, processed=0, completed=0) for part in ("current", "total")}
+    )
+    progress = SimpleNamespace(
+        epoch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)),
+        epoch_loop=SimpleNamespace(batch_progress=batches),
+    )
     data.trainer = SimpleNamespace(
-        accelerator=CPUAccelerator(), num_devices=1, world_size=world_size, global_rank=rank, fit_loop=progress
+        accelerator=CPUAccelerator(),
+        num_devices=1,
+        world_size=world_size,
+        global_rank=rank,
+        accumulate_grad_batches=accumulate,
+        fit_loop=progress,
     )
     data.setup("fit")
     return data
@@ -81,17 +94,21 @@ def test_a_directory_that_is_not_a_shard_directory_or_was_split_otherwise_is_ref
         Seq2SeqDataModule(path=str(shards / "shards"), val_fraction=0.025)
 
 
-@pytest.mark.parametrize(("world_size", "batch_size"), [(1, 8), (2, 8), (3, 7), (4, 16)])
-def test_every_rank_gets_the_same_number_of_batches_and_every_pair_is_trained(shards, world_size, batch_size):
-    ranks = [module(shards, world_size, rank, batch_size=batch_size) for rank in range(world_size)]
+@pytest.mark.parametrize(("world_size", "batch_size", "accumulate"), [(1, 8, 1), (2, 8, 1), (3, 7, 2), (4, 16, 1)])
+def test_every_rank_gets_the_same_number_of_batches_and_each_pair_is_trained_once(
+    shards, world_size, batch_size, accumulate
+):
+    ranks = [module(shards, world_size, rank, accumulate, batch_size=batch_size) for rank in range(world_size)]
     loaders = [data.train_dataloader() for data in ranks]
     seen = [numbers(loader) for loader in loaders]
     num_train = sum(ranks[0].shards["train"])
-    expected = math.ceil(math.ceil(num_train / world_size) / batch_size)
+    global_batch = world_size * batch_size * accumulate
+    tail = (num_train % global_batch) // world_size  # each rank's share of the last, partial step
+    expected = num_train // global_batch * accumulate + math.ceil(tail / batch_size)
     assert [len(batches) for batches in seen] == [len(loader) for loader in loaders] == [expected] * world_size
     counts = Counter(i for batches in seen for batch in batches for i in batch)
-    assert sorted(counts) == list(range(num_train)), "a pair was left out"
-    assert sum(counts.values()) - num_train < world_size, "more pairs repeated than it takes to even out the ranks"
+    assert max(counts.values()) == 1, "a pair was trained twice in one epoch"
+    assert set(counts) <= set(range(num_train)) and num_train - len(counts) < world_size, "pairs were left out"
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -139,3 +156,63 @@ def test_memory_holds_one_shard(shards):
         held.append(len(loader.dataset.reader.loaded[1]))
     assert max(held) == 100
     assert torch.tensor(held).numel() == len(loader)
+
+
+def steps(ranks: list[Seq2SeqDataModule]) -> list[set[int]]:
+    """The pairs of each optimizer step of an epoch, over every rank and accumulated batch."""
+    accumulate = ranks[0].trainer.accumulate_grad_batches
+    per_rank = [numbers(data.train_dataloader()) for data in ranks]
+    return [
+        {i for batches in per_rank for batch in batches[s : s + accumulate] for i in batch}
+        for s in range(0, len(per_rank[0]), accumulate)
+    ]
+
+
+@pytest.mark.parametrize(("world_size", "batch_size", "accumulate"), [(2, 12, 1), (2, 6, 2), (4, 6, 1), (1, 24, 1)])
+def test_every_step_trains_the_same_pairs_for_any_split_of_the_same_global_batch(
+    shards, world_size, batch_size, accumulate
+):
+    three = steps([module(shards, 3, rank, batch_size=8) for rank in range(3)])
+    other = steps([module(shards, world_size, r, accumulate, batch_size=batch_size) for r in range(world_size)])
+    full = len(three) - 1  # the last step is the partial one, shared among the ranks there are
+    assert len(three[0]) == 24 and other[:full] == three[:full]
+    assert len(other) == len(three) and other[full] <= set(range(sum(module(shards).shards["train"])))
+
+
+@pytest.mark.parametrize(("world_size", "batch_size", "accumulate"), [(2, 12, 1), (2, 6, 2)])
+def test_a_job_resumed_on_fewer_processes_trains_the_pairs_the_epoch_had_left_once_each(
+    shards, world_size, batch_size, accumulate
+):
+    """Stopped after 11 steps of 3 processes (batch 8, global batch 24), resumed with the same global batch on
+    fewer processes, with a larger batch or with accumulation."""
+    before = [module(shards, 3, rank, batch_size=8) for rank in range(3)]
+    trained = [numbers(data.train_dataloader())[:11] for data in before]
+    state = {"batches_done": 11, "batches_in_epoch": len(trained[0]) + 12, "global_batch": 24, "accumulate": 1}
+    after = [module(shards, world_size, rank, accumulate, batch_size=batch_size) for rank in range(world_size)]
+    rest = []
+    for data in after:
+        progress = data.trainer.fit_loop.epoch_loop.batch_progress.current
+        progress.ready = progress.started = progress.processed = progress.completed = 11  # as the checkpoint had it
+        loader = data.train_dataloader()
+        loader.load_state_dict(state)
+        rest.append(numbers(loader))
+        assert vars(progress) == dict.fromkeys(vars(progress), 11 * accumulate), "Lightning's count did not move"
+    whole = [numbers(data.train_dataloader()) for data in after]
+    assert [len(batches) for batches in rest] == [len(batches) - 11 * accumulate for batches in whole]
+    counts = Counter(i for batches in trained + rest for batch in batches for i in batch)
+    num_train = sum(after[0].shards["train"])
+    assert max(counts.values()) == 1 and num_train - len(counts) < 24
+
+
+def test_an_accumulation_cut_short_is_trained_again_and_another_global_batch_is_refused(shards):
+    data = module(shards, 2, 0, accumulate=2)
+    loader = data.train_dataloader()
+    whole = numbers(loader)
+    loader.load_state_dict({"batches_done": 5, "batches_in_epoch": len(whole), "global_batch": 32, "accumulate": 2})
+    assert numbers(loader) == whole[4:], "the batch accumulated after step 2 never reached the weights"
+    assert data.trainer.fit_loop.epoch_loop.batch_progress.total.completed == -1
+    with pytest.raises(
+        MisconfigurationException,
+        match=r"global batch of 48 pairs .* this run's is 32 \(data.batch_size 8 x 2 processes x 2",
+    ):
+        loader.load_state_dict({"batches_done": 5, "batches_in_epoch": len(whole), "global_batch": 48, "accumulate": 3})

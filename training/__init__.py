@@ -1,5 +1,6 @@
 from training.checkpoint_io import AtomicCheckpointIO
 from training.early_stopping import StayStopped
+from training.elastic import GlobalBatch
 from training.mlflow_logger import MLFlowLogger
 from training.monitor_check import MonitorCheck
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
@@ -16,6 +17,7 @@ from training.unused_parameters import UnusedParameterCheck
 __all__ = [
     "AtomicCheckpointIO",
     "DDPStrategy",
+    "GlobalBatch",
     "MLFlowLogger",
     "MonitorCheck",
     "PredictionWriter",

@@ -19,6 +19,7 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.constants import default_pg_timeout
 
 from training import lost_peer
+from training.elastic import nodes_present
 from training.fingerprint import checkpoint_fact, code_digest
 from training.liveness import Liveness
 from training.startup import FIXES, Member, StartupError, handshake
@@ -43,6 +44,8 @@ class DDPStrategy(LightningDDPStrategy):
     Args:
         join_timeout: how long global rank 0 waits for every process to arrive, e.g. ``"0:10:00"``.
         peer_timeout: how long a process may go unheard before the job counts it as lost, e.g. ``"0:01:00"``.
+        min_nodes: the fewest nodes an elastic job goes on with, under torchrun (training/elastic.py);
+            ``trainer.num_nodes`` is then the most. None: always ``trainer.num_nodes``.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
@@ -52,9 +55,12 @@ class DDPStrategy(LightningDDPStrategy):
         timeout: timedelta = default_pg_timeout,
         join_timeout: timedelta = timedelta(minutes=10),
         peer_timeout: timedelta = timedelta(minutes=1),
+        min_nodes: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, timeout=timeout, **kwargs)
+        self.min_nodes = min_nodes
+        self.configured_nodes = 1  # the config's num_nodes, which the Trainer sets below
         self.timeout = timeout
         self.join_timeout = join_timeout
         self.peer_timeout = peer_timeout
@@ -65,6 +71,18 @@ class DDPStrategy(LightningDDPStrategy):
         self.checkpoint_problem = ""
         # Read before Lightning's launcher sets it: given by the user, it means the processes are started outside.
         self.local_rank_given = os.environ.get("LOCAL_RANK")
+
+    @property
+    def num_nodes(self) -> int:
+        return LightningDDPStrategy.num_nodes.fget(self)
+
+    @num_nodes.setter
+    def num_nodes(self, configured: int) -> None:
+        # The Trainer sets the config's num_nodes once the cluster environment is known: an elastic job has as many
+        # as torchrun's rendezvous gathered.
+        self.configured_nodes = configured
+        present = nodes_present(self.min_nodes, configured, self.cluster_environment, self.num_processes)
+        LightningDDPStrategy.num_nodes.fset(self, present)
 
     def setup_distributed(self) -> None:
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
