@@ -169,13 +169,11 @@ if [[ $LAUNCHER == torchrun ]]; then
     export LOGLEVEL=${LOGLEVEL:-INFO}
     export_keys+=(OMP_NUM_THREADS TORCH_DISABLE_SHARE_RDZV_TCP_STORE LOGLEVEL)
     # torchrun names each node by this address to the others (by default, by its host name, which may resolve to
-    # another interface) and numbers the nodes in the order of these addresses.
-    rendezvous=("--nnodes=$nodes" "--local-addr=$(source_address "$master_ip")")
-    if [[ $nodes == *:* ]]; then
-        rendezvous+=("--rdzv-conf=join_timeout=$CONNECT_TIMEOUT,last_call_timeout=$ELASTIC_WAIT")
-    else
-        rendezvous+=("--rdzv-conf=join_timeout=$CONNECT_TIMEOUT")
-    fi
+    # another interface) and numbers the nodes in the order of these addresses. Node 0 hosts the rendezvous:
+    # torchrun would guess so only where MASTER_ADDR is the address its host name resolves to.
+    rendezvous_conf=join_timeout=$CONNECT_TIMEOUT,is_host=$( ((NODE_RANK == 0)) && echo true || echo false)
+    [[ $nodes != *:* ]] || rendezvous_conf+=,last_call_timeout=$ELASTIC_WAIT
+    rendezvous=("--nnodes=$nodes" "--local-addr=$(source_address "$master_ip")" "--rdzv-conf=$rendezvous_conf")
     command=("$PYTHON" -m torch.distributed.run "${rendezvous[@]}" "--nproc-per-node=$procs_per_node"
         --rdzv-backend=c10d "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" --rdzv-id=ddp "--max-restarts=$MAX_RESTARTS"
         cli.py "${cli_args[@]}")

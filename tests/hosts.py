@@ -1,4 +1,4 @@
-"""Hosts for multi-host tests: network namespaces joined by a veth pair, and an OpenSSH server in each."""
+"""Hosts for multi-host tests: network namespaces on one bridge, and an OpenSSH server in each."""
 
 import contextlib
 import subprocess
@@ -12,21 +12,27 @@ SSHD = Path("/usr/sbin/sshd")
 
 
 @contextlib.contextmanager
-def network_namespaces(tag: str) -> Iterator[list[dict]]:
-    """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
+def network_namespaces(tag: str, count: int = 2) -> Iterator[list[dict]]:
+    """``count`` network namespaces on one switch (a bridge in a namespace of its own): separate hosts with their
+    own addresses and interfaces. Setting a host's interface down cuts it off as an unplugged machine would be."""
+    switch = f"ddp{tag}s"
     hosts = [
-        {"netns": f"ddp{tag}a", "interface": f"vddp{tag}a", "address": "10.231.0.1"},
-        {"netns": f"ddp{tag}b", "interface": f"vddp{tag}b", "address": "10.231.0.2"},
+        {"netns": f"ddp{tag}{letter}", "interface": f"vddp{tag}{letter}", "address": f"10.231.0.{number}"}
+        for number, letter in enumerate("abcdefgh"[:count], start=1)
     ]
-    a, b = hosts
     setup = [
-        ["ip", "netns", "add", a["netns"]],
-        ["ip", "netns", "add", b["netns"]],
-        ["ip", "link", "add", a["interface"], "type", "veth", "peer", "name", b["interface"]],
+        ["ip", "netns", "add", switch],
+        ["ip", "-n", switch, "link", "add", "switch", "type", "bridge"],
+        ["ip", "-n", switch, "link", "set", "switch", "up"],
     ]
     for host in hosts:
+        port = f"s{host['interface'][1:]}"
         setup += [
+            ["ip", "netns", "add", host["netns"]],
+            ["ip", "link", "add", host["interface"], "type", "veth", "peer", "name", port],
             ["ip", "link", "set", host["interface"], "netns", host["netns"]],
+            ["ip", "link", "set", port, "netns", switch],
+            ["ip", "-n", switch, "link", "set", port, "master", "switch", "up"],
             ["ip", "-n", host["netns"], "addr", "add", f"{host['address']}/24", "dev", host["interface"]],
             ["ip", "-n", host["netns"], "link", "set", host["interface"], "up"],
             ["ip", "-n", host["netns"], "link", "set", "lo", "up"],
@@ -38,8 +44,8 @@ def network_namespaces(tag: str) -> Iterator[list[dict]]:
                 pytest.skip(f"cannot create network namespaces here ({' '.join(command)}: {done.stderr.strip()})")
         yield hosts
     finally:
-        for host in hosts:
-            subprocess.run(["ip", "netns", "delete", host["netns"]], capture_output=True)
+        for netns in [host["netns"] for host in hosts] + [switch]:
+            subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
 
 
 def keygen(path: Path) -> str:

@@ -90,6 +90,36 @@ class BatchLog(Callback):
         torch.save(record, self.out_dir / f"batches{trainer.global_rank}.pt")
 
 
+class SampleLog(Callback):
+    """Appends a line to ``<out_dir>/<pid>.jsonl`` for every training batch, as it starts, so a process killed
+    later leaves its record: its attempt (global rank 0's clock when training started, the same on every rank),
+    world size, global rank, global step, epoch and the batch's ``key`` entry."""
+
+    def __init__(self, out_dir: str, key: str = "index") -> None:
+        self.out_dir = Path(out_dir)
+        self.key = key
+        self.attempt = 0.0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        started = [time.time()]
+        if dist.is_initialized():
+            dist.broadcast_object_list(started, src=0)
+        self.attempt = started[0]
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        record = {
+            "attempt": self.attempt,
+            "world_size": trainer.world_size,
+            "rank": trainer.global_rank,
+            "step": trainer.global_step,
+            "epoch": trainer.current_epoch,
+            "ids": batch[self.key].tolist(),
+        }
+        with open(self.out_dir / f"{os.getpid()}.jsonl", "a") as log:
+            log.write(json.dumps(record) + "\n")
+
+
 class SlowDown(Callback):
     """Sleeps after every training batch and writes the global step to ``progress_file``, so a test can
     interrupt a run at a known point in the middle of an epoch."""
@@ -109,16 +139,20 @@ class HoldAtStep(Callback):
     however fast the machine trains.
 
     Each rank writes ``<hold_file>.rank<N>`` when it holds, then waits until ``hold_file`` is gone or the
-    process receives a stop signal (SIGTERM or SIGUSR1), which it passes on to the handler the run had.
+    process receives a stop signal (SIGTERM or SIGUSR1), which it passes on to the handler the run had. With
+    ``world_size``, only a job of that many processes holds.
     """
 
-    def __init__(self, step: int, hold_file: str) -> None:
+    def __init__(self, step: int, hold_file: str, world_size: int | None = None) -> None:
         self.step = step
         self.hold_file = Path(hold_file)
+        self.world_size = world_size
         self.signalled = False
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step != self.step or not self.hold_file.exists():
+            return
+        if self.world_size is not None and trainer.world_size != self.world_size:
             return
         previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
 

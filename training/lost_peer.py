@@ -122,7 +122,8 @@ def tail(lost: str | None, progress: tuple[int, int] | None, checkpoint: dict[st
     resume = f"To resume from it, {back}run the same command on every node again (only the node rank differs)"
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
         resume = (
-            "torchrun restarts the workers from it by itself, up to its --max-restarts, once every node has joined "
-            f"again; if it gives up: {resume[0].lower()}{resume[1:]}"
+            "torchrun restarts the workers from it by itself, up to its --max-restarts, once enough nodes have "
+            "joined again (every node, or MIN_NODES of an elastic job, which takes a node back when its launcher is "
+            f"started again); if it gives up: {resume[0].lower()}{resume[1:]}"
         )
     return f"{reached} {saved} {resume}; this node was started with: {command}".strip()

@@ -1,0 +1,185 @@
+"""Elastic continuation on three network-namespace hosts (LAUNCHER=torchrun, MIN_NODES=2, one process each),
+streaming a shard directory with a global batch of 24, and a 2-node job resumed on 1 node by hand.
+
+One run, shared by the tests: the three nodes hold 6 steps into epoch 1; host 3's link is cut there; hosts 1
+and 2 go on from the last checkpoint at world size 2 and hold again 4 steps later; host 3's launcher, stopped
+meanwhile, is started again once its link is back, and the job goes on at world size 3 until it ends. Every
+rank logs the pairs of each batch it trains (tests.probe.SampleLog), so the tests can rebuild the training the
+job kept (for each step, the last attempt that trained it) and check it pair by pair.
+"""
+
+import json
+import signal
+import subprocess
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts import make_shards
+from tests.helpers import copy_project, launcher_env, write_pairs
+
+pytestmark = pytest.mark.distributed
+
+GLOBAL_BATCH = 24
+EPOCHS = 2
+CHECKPOINT_EVERY = 3
+PEER_TIMEOUT = 10  # seconds, a setting of these runs
+ELASTIC_WAIT = 20  # seconds the rendezvous waits for more nodes once two are there
+MARGIN = 180  # seconds a restart may take on a busy machine, on top of peer_timeout and the rendezvous
+CONFIGS = "configs/step_checkpoints.yaml configs/seq2seq.yaml configs/elastic.yaml"
+SMALL = [
+    "--trainer.accelerator=cpu",
+    f"--trainer.max_epochs={EPOCHS}",
+    "--data.init_args.path=shards",
+    "--data.init_args.val_fraction=0.045",
+    "--model.init_args.d_model=32",
+    "--model.init_args.num_encoder_layers=1",
+    "--model.init_args.num_decoder_layers=1",
+    "--model.init_args.dim_feedforward=64",
+    "--model.init_args.warmup_steps=10",
+    f"--trainer.callbacks.size={GLOBAL_BATCH}",  # training.GlobalBatch, the last callback of configs/elastic.yaml
+    f"--trainer.strategy.init_args.peer_timeout=0:00:{PEER_TIMEOUT:02d}",
+]
+
+
+def start(project: Path, rank: int, log: Path, *args: str, netns: str | None = None, **settings: str):
+    command = [str(project / "scripts" / "run_ddp_train.sh"), "cpu:1", str(rank), *SMALL, *args]
+    if netns:
+        command = ["ip", "netns", "exec", netns, *command]
+    with log.open("a") as output:  # a file, not a pipe: nobody reads while the job runs
+        return subprocess.Popen(command, env=launcher_env(CONFIGS=CONFIGS, **settings), stdout=output, stderr=output)
+
+
+def held(hold: Path, ranks: int, launchers: list[subprocess.Popen], logs: list[Path]) -> None:
+    deadline = time.monotonic() + 600
+    while not all(Path(f"{hold}.rank{rank}").exists() for rank in range(ranks)):
+        for launcher, log in zip(launchers, logs, strict=True):
+            assert launcher.poll() is None, f"a node ended before holding at {hold.name}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"the job never held at {hold.name}"
+        time.sleep(0.05)
+
+
+def kept_training(log_dir: Path) -> tuple[list[int], dict[int, dict]]:
+    """The world size of each attempt that trained, in order, and for every step the batches of the last attempt
+    that trained it (a step trained again after a restart replaces the attempt that did not keep it)."""
+    records = [json.loads(line) for path in log_dir.glob("*.jsonl") for line in path.read_text().splitlines()]
+    attempts = sorted({(r["attempt"], r["world_size"]) for r in records})
+    steps: dict[int, dict] = {}
+    for attempt, world_size in attempts:
+        batches = defaultdict(list)
+        for r in records:
+            if r["attempt"] == attempt:
+                batches[r["step"]].append(r)
+        for step, trained in batches.items():
+            steps[step] = {"world_size": world_size, "epoch": trained[0]["epoch"], "ranks": trained}
+    return [world_size for _, world_size in attempts], steps
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """The project, with 600 pairs in shards (573 to train on: 23 steps of 24 and a partial one per epoch) and a
+    copy of configs/ddp.yaml that checkpoints every CHECKPOINT_EVERY steps."""
+    project = copy_project(tmp_path_factory.mktemp("elastic") / "project")
+    pairs = write_pairs(project / "pairs.tsv", 600)
+    assert make_shards.main([str(pairs), str(project / "shards"), "--shard-size=100", "--val-fraction=0.045"]) == 0
+    ddp = (project / "configs" / "ddp.yaml").read_text()
+    every = "every_n_train_steps: null"
+    assert every in ddp
+    (project / "configs" / "step_checkpoints.yaml").write_text(
+        ddp.replace(every, f"every_n_train_steps: {CHECKPOINT_EVERY}")
+    )
+    return project
+
+
+@pytest.fixture(scope="module")
+def elastic(project, tmp_path_factory):
+    from tests.hosts import network_namespaces
+
+    root = tmp_path_factory.mktemp("run")
+    with network_namespaces(f"{time.monotonic_ns() % 100000}e", count=3) as hosts:
+        settings = {
+            "MASTER_ADDR": hosts[0]["address"],
+            "MASTER_PORT": "29500",
+            "NUM_NODES": "3",
+            "MIN_NODES": "2",
+            "LAUNCHER": "torchrun",
+            "ELASTIC_WAIT": str(ELASTIC_WAIT),
+            "STOP_TIMEOUT": "10",
+            "RUN_ID": "elastic",
+        }
+        steps_per_epoch = 573 // GLOBAL_BATCH + 1
+        first, second = root / "three.hold", root / "two.hold"
+        first.touch()
+        second.touch()
+        args = [
+            "--trainer.callbacks+=tests.probe.SampleLog",
+            f"--trainer.callbacks.out_dir={root / 'samples'}",
+            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            f"--trainer.callbacks.step={steps_per_epoch + 6}",
+            f"--trainer.callbacks.hold_file={first}",
+            "--trainer.callbacks.world_size=3",
+            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            f"--trainer.callbacks.step={steps_per_epoch + 10}",
+            f"--trainer.callbacks.hold_file={second}",
+            "--trainer.callbacks.world_size=2",
+        ]
+        logs = [root / f"host{n}.log" for n in range(3)]
+        launchers = [start(project, n, logs[n], *args, netns=hosts[n]["netns"], **settings) for n in range(3)]
+        held(first, 3, launchers, logs)
+
+        subprocess.run(["ip", "-n", hosts[2]["netns"], "link", "set", hosts[2]["interface"], "down"], check=True)
+        cut_at = time.monotonic()
+        first.unlink()
+        held(second, 2, launchers[:2], logs[:2])
+        continued_after = time.monotonic() - cut_at
+
+        launchers[2].send_signal(signal.SIGTERM)  # the cut-off node, wherever it got to alone
+        lost_status = launchers[2].wait(timeout=600)
+        subprocess.run(["ip", "-n", hosts[2]["netns"], "link", "set", hosts[2]["interface"], "up"], check=True)
+        logs.append(root / "host2-again.log")
+        launchers.append(start(project, 2, logs[3], *args, netns=hosts[2]["netns"], **settings))
+        statuses = [launcher.wait(timeout=900) for launcher in launchers]
+        second.unlink()
+    checkpoint = project / "logs" / "seq2seq" / "elastic" / "checkpoints" / "last.ckpt"
+    return {
+        "statuses": statuses,
+        "lost_status": lost_status,
+        "logs": [log.read_text() for log in logs],
+        "continued_after": continued_after,
+        "steps_per_epoch": steps_per_epoch,
+        "training": kept_training(root / "samples"),
+        "final": torch.load(checkpoint, weights_only=True),
+        "num_train": 573,
+    }
+
+
+def test_the_job_goes_on_without_the_lost_node_and_takes_it_back_and_every_node_finishes(elastic):
+    for node, (status, log) in enumerate(zip(elastic["statuses"], elastic["logs"], strict=True)):
+        assert status == 0 or node == 2, log  # 2: the launcher stopped while its host was cut off
+    worlds, _ = elastic["training"]
+    assert worlds == [3, 2, 3], f"attempts trained at world sizes {worlds}"
+    assert elastic["continued_after"] < PEER_TIMEOUT + ELASTIC_WAIT + MARGIN
+
+
+def test_every_step_trains_one_global_batch_and_the_steps_run_on(elastic):
+    _, steps = elastic["training"]
+    assert sorted(steps) == list(range(elastic["final"]["global_step"]))
+    for step, trained in steps.items():
+        assert len(trained["ranks"]) == trained["world_size"], f"step {step}: not every rank trained it"
+        pairs = sum(len(r["ids"]) for r in trained["ranks"])
+        last_of_epoch = (step + 1) % elastic["steps_per_epoch"] == 0
+        assert pairs == GLOBAL_BATCH or last_of_epoch, f"step {step} trained {pairs} pairs"
+
+
+def test_every_pair_is_trained_once_per_epoch_across_the_changes_of_world_size(elastic):
+    _, steps = elastic["training"]
+    for epoch in range(EPOCHS):
+        counts = Counter(i for t in steps.values() if t["epoch"] == epoch for r in t["ranks"] for i in r["ids"])
+        assert max(counts.values()) == 1, f"epoch {epoch}: a pair trained twice"
+        assert elastic["num_train"] - len(counts) < GLOBAL_BATCH, f"epoch {epoch}: more than the tail left out"
+    changes = [s for s in sorted(steps) if s and steps[s]["world_size"] != steps[s - 1]["world_size"]]
+    per_epoch = elastic["steps_per_epoch"]
+    assert len(changes) == 2 and all(per_epoch < s < 2 * per_epoch for s in changes), changes
