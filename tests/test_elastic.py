@@ -1,7 +1,7 @@
 """Elastic continuation on three network-namespace hosts (LAUNCHER=torchrun, MIN_NODES=2, one process each),
 streaming a shard directory with a global batch of 24, and a 2-node job resumed on 1 node by hand.
 
-One run, shared by the tests: the three nodes hold 6 steps into epoch 1; host 3's link is cut there; hosts 1
+The elastic run: the three nodes hold 6 steps into epoch 1; host 3's link is cut there; hosts 1
 and 2 go on from the last checkpoint at world size 2 and hold again 4 steps later; host 3's launcher, stopped
 meanwhile, is started again once its link is back, and the job goes on at world size 3 until it ends. Every
 rank logs the pairs of each batch it trains (tests.probe.SampleLog), so the tests can rebuild the training the
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from scripts import make_shards
-from tests.helpers import copy_project, launcher_env, write_pairs
+from tests.helpers import copy_project, free_port, launcher_env, write_pairs
 
 pytestmark = pytest.mark.distributed
 
@@ -28,6 +28,8 @@ EPOCHS = 2
 CHECKPOINT_EVERY = 3
 PEER_TIMEOUT = 10  # seconds, a setting of these runs
 ELASTIC_WAIT = 20  # seconds the rendezvous waits for more nodes once two are there
+NUM_TRAIN = 573  # pairs to train on, of the 600 the module's shards hold
+STEPS_PER_EPOCH = NUM_TRAIN // GLOBAL_BATCH + 1  # the last one partial
 MARGIN = 180  # seconds a restart may take on a busy machine, on top of peer_timeout and the rendezvous
 CONFIGS = "configs/step_checkpoints.yaml configs/seq2seq.yaml configs/elastic.yaml"
 SMALL = [
@@ -110,7 +112,6 @@ def elastic(project, tmp_path_factory):
             "STOP_TIMEOUT": "10",
             "RUN_ID": "elastic",
         }
-        steps_per_epoch = 573 // GLOBAL_BATCH + 1
         first, second = root / "three.hold", root / "two.hold"
         first.touch()
         second.touch()
@@ -118,11 +119,11 @@ def elastic(project, tmp_path_factory):
             "--trainer.callbacks+=tests.probe.SampleLog",
             f"--trainer.callbacks.out_dir={root / 'samples'}",
             "--trainer.callbacks+=tests.probe.HoldAtStep",
-            f"--trainer.callbacks.step={steps_per_epoch + 6}",
+            f"--trainer.callbacks.step={STEPS_PER_EPOCH + 6}",
             f"--trainer.callbacks.hold_file={first}",
             "--trainer.callbacks.world_size=3",
             "--trainer.callbacks+=tests.probe.HoldAtStep",
-            f"--trainer.callbacks.step={steps_per_epoch + 10}",
+            f"--trainer.callbacks.step={STEPS_PER_EPOCH + 10}",
             f"--trainer.callbacks.hold_file={second}",
             "--trainer.callbacks.world_size=2",
         ]
@@ -149,11 +150,47 @@ def elastic(project, tmp_path_factory):
         "lost_status": lost_status,
         "logs": [log.read_text() for log in logs],
         "continued_after": continued_after,
-        "steps_per_epoch": steps_per_epoch,
         "training": kept_training(root / "samples"),
         "final": torch.load(checkpoint, weights_only=True),
-        "num_train": 573,
+        "changes": 2,
     }
+
+
+@pytest.fixture(scope="module")
+def by_hand(project, tmp_path_factory):
+    """Two nodes over loopback (Lightning's launcher) stopped by SIGTERM 6 steps into epoch 1, as a scheduler stops
+    a job, then resumed by hand on one node."""
+    root = tmp_path_factory.mktemp("by_hand")
+    hold = root / "two.hold"
+    hold.touch()
+    settings = {"MASTER_PORT": str(free_port()), "RUN_ID": "by-hand", "STOP_TIMEOUT": "60"}
+    args = [
+        "--trainer.callbacks+=tests.probe.SampleLog",
+        f"--trainer.callbacks.out_dir={root / 'samples'}",
+        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        f"--trainer.callbacks.step={STEPS_PER_EPOCH + 6}",
+        f"--trainer.callbacks.hold_file={hold}",
+    ]
+    logs = [root / f"node{n}.log" for n in range(3)]
+    launchers = [start(project, n, logs[n], *args, NUM_NODES="2", **settings) for n in range(2)]
+    held(hold, 2, launchers, logs[:2])
+    for launcher in launchers:
+        launcher.send_signal(signal.SIGTERM)
+    stopped = [launcher.wait(timeout=600) for launcher in launchers]
+    resumed = start(project, 0, logs[2], *args, NUM_NODES="1", **settings).wait(timeout=900)
+    checkpoint = project / "logs" / "seq2seq" / "by-hand" / "checkpoints" / "last.ckpt"
+    return {
+        "statuses": [*stopped, resumed],
+        "logs": [log.read_text() for log in logs],
+        "training": kept_training(root / "samples"),
+        "final": torch.load(checkpoint, weights_only=True),
+        "changes": 1,
+    }
+
+
+@pytest.fixture(params=["elastic", "by_hand"])
+def run(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_the_job_goes_on_without_the_lost_node_and_takes_it_back_and_every_node_finishes(elastic):
@@ -164,22 +201,30 @@ def test_the_job_goes_on_without_the_lost_node_and_takes_it_back_and_every_node_
     assert elastic["continued_after"] < PEER_TIMEOUT + ELASTIC_WAIT + MARGIN
 
 
-def test_every_step_trains_one_global_batch_and_the_steps_run_on(elastic):
-    _, steps = elastic["training"]
-    assert sorted(steps) == list(range(elastic["final"]["global_step"]))
+def test_a_job_stopped_on_two_nodes_resumes_on_one_and_finishes(by_hand):
+    for status, log in zip(by_hand["statuses"], by_hand["logs"], strict=True):
+        assert status == 0, log
+    assert "Global batch 24: 1 process(es) x batch_size 24 x 1 accumulated" in by_hand["logs"][2]
+    worlds, _ = by_hand["training"]
+    assert worlds == [2, 1], f"attempts trained at world sizes {worlds}"
+
+
+def test_every_step_trains_one_global_batch_and_the_steps_run_on(run):
+    _, steps = run["training"]
+    assert sorted(steps) == list(range(run["final"]["global_step"]))
     for step, trained in steps.items():
         assert len(trained["ranks"]) == trained["world_size"], f"step {step}: not every rank trained it"
         pairs = sum(len(r["ids"]) for r in trained["ranks"])
-        last_of_epoch = (step + 1) % elastic["steps_per_epoch"] == 0
+        last_of_epoch = (step + 1) % STEPS_PER_EPOCH == 0
         assert pairs == GLOBAL_BATCH or last_of_epoch, f"step {step} trained {pairs} pairs"
 
 
-def test_every_pair_is_trained_once_per_epoch_across_the_changes_of_world_size(elastic):
-    _, steps = elastic["training"]
+def test_every_pair_is_trained_once_per_epoch_across_the_changes_of_world_size(run):
+    _, steps = run["training"]
     for epoch in range(EPOCHS):
         counts = Counter(i for t in steps.values() if t["epoch"] == epoch for r in t["ranks"] for i in r["ids"])
         assert max(counts.values()) == 1, f"epoch {epoch}: a pair trained twice"
-        assert elastic["num_train"] - len(counts) < GLOBAL_BATCH, f"epoch {epoch}: more than the tail left out"
+        assert NUM_TRAIN - len(counts) < GLOBAL_BATCH, f"epoch {epoch}: more than the tail left out"
     changes = [s for s in sorted(steps) if s and steps[s]["world_size"] != steps[s - 1]["world_size"]]
-    per_epoch = elastic["steps_per_epoch"]
-    assert len(changes) == 2 and all(per_epoch < s < 2 * per_epoch for s in changes), changes
+    assert len(changes) == run["changes"], changes
+    assert all(STEPS_PER_EPOCH < s < 2 * STEPS_PER_EPOCH for s in changes), f"not mid-epoch: {changes}"
