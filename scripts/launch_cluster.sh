@@ -16,7 +16,7 @@
 # prefixed with their node ([node 1 host-b] ...) and land in each node's own log as well. When a node fails, or
 # on Ctrl-C or SIGTERM, every other node is stopped as run_ddp_train.sh stops training (a second Ctrl-C kills at
 # once); the exit status is the first failing node's. Every node gets PYTHON, RUN_ID, CLUSTER_ENV, LAUNCHER,
-# MAX_RESTARTS, DEBUG and STOP_TIMEOUT where they are set, and every setting of cluster.env as this machine has it.
+# MAX_RESTARTS, MIN_NODES, ELASTIC_WAIT, DEBUG and STOP_TIMEOUT where they are set, and every setting of cluster.env as this machine has it.
 # Knobs read from the environment:
 #   PROJECT_DIR=path    the project directory on every host (default: this one's)
 #   SSH_OPTS="-i $HOME/.ssh/cluster -p 2222"   more ssh options, split at spaces
@@ -49,7 +49,7 @@ NUM_NODES=${#hosts[@]}
 MASTER_ADDR=${MASTER_ADDR:-${addresses[0]}}
 
 declare -A passed=()
-for key in "${settings[@]}" MASTER_ADDR NUM_NODES STOP_TIMEOUT PYTHON RUN_ID CLUSTER_ENV LAUNCHER MAX_RESTARTS DEBUG; do
+for key in "${settings[@]}" MASTER_ADDR NUM_NODES STOP_TIMEOUT PYTHON RUN_ID CLUSTER_ENV LAUNCHER MAX_RESTARTS MIN_NODES ELASTIC_WAIT DEBUG; do
     [[ -n ${!key+set} && -z ${passed[$key]:-} ]] || continue
     passed[$key]=1
     node_env+=("$key=${!key}")

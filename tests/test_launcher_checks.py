@@ -40,6 +40,10 @@ PARSING = {
         {"DRY_RUN": "1", "NCCL_SOCKET_IFNAME": "^docker", "LAUNCHER": "torchrun", "MAX_RESTARTS": "2"}
         | {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
     ),
+    "dry run, elastic": (
+        ("cpu:2", "1"),
+        {"DRY_RUN": "1", "LAUNCHER": "torchrun", "MIN_NODES": "2", "NUM_NODES": "3", "ELASTIC_WAIT": "45"},
+    ),
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
     "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
@@ -163,9 +167,24 @@ def test_dry_run_keeps_an_explicit_nccl_interface_and_builds_the_torchrun_comman
     assert (env["NCCL_SOCKET_IFNAME"], env["GLOO_SOCKET_IFNAME"]) == ("^docker", "lo")
     assert env["CUDA_VISIBLE_DEVICES"] == "", "cpu:N must hide every GPU, the scheduler's too"
     command = out.strip().splitlines()[-1]
-    assert "-m torch.distributed.run --nnodes=1 --nproc-per-node=3 --rdzv-backend=c10d" in command
+    assert (
+        "-m torch.distributed.run --nnodes=1 --local-addr=127.0.0.1 --rdzv-conf=join_timeout=300,is_host=true "
+        in command
+    )
+    assert "--nproc-per-node=3 --rdzv-backend=c10d" in command
     assert "--rdzv-endpoint=127.0.0.1:29500" in command and "--max-restarts=2" in command
     assert command.endswith("cli.py fit -c configs/ddp.yaml --trainer.accelerator=cpu --trainer.devices=3")
+
+
+def test_an_elastic_job_gives_torchrun_a_range_of_nodes_and_the_strategy_its_least(parsed, node):
+    command = succeeded(parsed, "dry run, elastic").strip().splitlines()[-1]
+    assert (
+        "--nnodes=2:3 --local-addr=127.0.0.1 --rdzv-conf=join_timeout=300,is_host=false,last_call_timeout=45 "
+        in command
+    )
+    assert command.endswith("--trainer.num_nodes=3 --trainer.strategy.init_args.min_nodes=2")
+    err = fails(node, "cpu:1", "0", MIN_NODES="2")
+    assert "MIN_NODES=2 asks for an elastic job, which needs torchrun's rendezvous: set LAUNCHER=torchrun too" in err
 
 
 def test_node_rank_must_be_below_num_nodes(parsed):
