@@ -11,20 +11,30 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 
 class ResumableSampler(DistributedSampler):
-    """A DistributedSampler (for one process too) that can leave out the batches a resumed epoch already trained on.
+    """A DistributedSampler (for one process too) that can leave out the part of an epoch a resumed run already
+    trained on.
 
     The order depends only on the seed and the epoch, never on the global random state, so an interrupted
-    run and an uninterrupted one draw the same samples in the same order.
+    run and an uninterrupted one draw the same samples in the same order. Rank ``r`` of ``W`` takes every
+    ``W``-th sample from position ``r``, so the samples of the epoch's first batches are the start of its order,
+    whatever the number of processes: a run resumed on another number of processes shares the rest anew.
     """
 
     def __init__(self, dataset: Sized, batch_size: int, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
         self.skip_batches = 0
+        self.skip_samples = 0  # of the epoch's order, trained by a run with another number of processes
 
     def __iter__(self) -> Iterator[int]:
-        skip, self.skip_batches = self.skip_batches, 0
-        return itertools.islice(super().__iter__(), skip * self.batch_size, None)
+        skip_batches, skip_samples = self.skip_batches, self.skip_samples
+        self.skip_batches = self.skip_samples = 0
+        if not skip_samples:
+            return itertools.islice(super().__iter__(), skip_batches * self.batch_size, None)
+        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        rest = (order.tolist() if self.shuffle else list(range(len(self.dataset))))[skip_samples:]
+        rest += rest[: -len(rest) % self.num_replicas]  # evened out as DistributedSampler does
+        return iter(rest[self.rank :: self.num_replicas])
 
 
 class EpochPosition:
@@ -54,6 +64,9 @@ class ResumableDataLoader(EpochPosition, DataLoader):
     """Shuffles and shards like Lightning's DistributedSampler, and keeps its place in the epoch in checkpoints.
 
     A resumed epoch (:class:`EpochPosition`) skips the batches already trained as indices, without loading them.
+    Resumed with another number of processes or batch size, it shares the samples the epoch has left among the
+    processes (:class:`ResumableSampler`); as in Lightning's DistributedSampler, at most one sample per process is
+    repeated to even them out.
 
     Starting an epoch draws no number from the global generator (a DataLoader normally draws its workers'
     seed from it), so a resumed run's dropout masks continue exactly where the checkpoint left them.
@@ -70,6 +83,16 @@ class ResumableDataLoader(EpochPosition, DataLoader):
     def __iter__(self) -> Iterator[Any]:
         self.generator.manual_seed(self.sampler.seed + self.sampler.epoch)
         return super().__iter__()
+
+    def state_dict(self) -> dict[str, int]:
+        return {**super().state_dict(), "batch_size": self.batch_size, "world_size": self.sampler.num_replicas}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        split = state.get("batch_size", self.batch_size), state.get("world_size", self.sampler.num_replicas)
+        if state["batches_done"] < state["batches_in_epoch"] and split != (self.batch_size, self.sampler.num_replicas):
+            self.sampler.skip_samples = state["batches_done"] * split[0] * split[1]
+        else:
+            super().load_state_dict(state)
 
     def resume_at(self, batches_done: int) -> None:
         self.sampler.skip_batches = batches_done

@@ -1,10 +1,13 @@
 """The random regression DataModule: determinism and the whole-batch data path."""
 
+from types import SimpleNamespace
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from data import RandomDataModule
 from data.random_data import TensorBatchDataset, batch_loader
+from data.resumable import ResumableDataLoader
 
 
 def make(**kwargs) -> RandomDataModule:
@@ -54,3 +57,17 @@ def test_whole_batch_dataset_is_indexed_once_per_batch():
     batches = [batch for (batch,) in loader]
     assert calls == []
     assert [b.shape for b in batches] == [torch.Size([32]), torch.Size([32])]
+
+
+def test_an_epoch_resumed_on_another_number_of_processes_trains_the_samples_it_had_left():
+    numbers = list(range(23))
+    before = [ResumableDataLoader(numbers, 2, SimpleNamespace(world_size=3, global_rank=r)) for r in range(3)]
+    trained = [i for loader in before for batch in list(loader)[:2] for i in batch.tolist()]  # 2 steps of 3 x 2
+    state = {"batches_done": 2, "batches_in_epoch": len(before[0]), "batch_size": 2, "world_size": 3}
+    after = [ResumableDataLoader(numbers, 3, SimpleNamespace(world_size=2, global_rank=r)) for r in range(2)]
+    for loader in after:
+        loader.load_state_dict(state)
+    rest = [[i for batch in loader for i in batch.tolist()] for loader in after]
+    assert len(rest[0]) == len(rest[1]) == 6, "the 11 samples left, evened out over 2 processes"
+    assert sorted(trained + rest[0] + rest[1]) == sorted([*numbers, rest[0][0]]), "one sample repeated, none lost"
+    assert [i for batch in after[0] for i in batch.tolist()] != rest[0], "only the resumed epoch skips"
