@@ -156,6 +156,12 @@ def processes_in(directory: Path) -> list[int]:
     return found
 
 
+def torchrun_workers(node: Path) -> list[int]:
+    """The training processes torchrun started for the launch in ``node`` (not torchrun itself)."""
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in processes_in(node)}
+    return [pid for pid, line in commands.items() if b"cli.py" in line and b"torch.distributed.run" not in line]
+
+
 def wait_for_step(progress: Path, step: int, timeout: float = 300) -> None:
     """Wait until the file tests.probe.SlowDown writes shows at least ``step``."""
     deadline = time.monotonic() + timeout

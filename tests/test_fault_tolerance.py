@@ -28,8 +28,8 @@ from tests.helpers import (
     finish,
     free_port,
     launch,
-    processes_in,
     run_script,
+    torchrun_workers,
     wait_for_hold,
 )
 from training.checkpoint_io import AtomicCheckpointIO
@@ -143,12 +143,7 @@ def restarted(project, port, preempted):
     args = run_args(hold_at=KILL_STEP, hold_file=hold)
     process = launch(project, "cpu:2", 0, *args, RUN_ID=RUN, MASTER_PORT=port, LAUNCHER="torchrun")
     wait_for_hold(hold, 2, process)
-    workers = [
-        pid
-        for pid in processes_in(project)
-        if b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    workers = torchrun_workers(project)
     assert len(workers) == 2
     os.kill(max(workers), signal.SIGKILL)
     hold.unlink()

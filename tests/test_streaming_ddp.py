@@ -26,8 +26,8 @@ from tests.helpers import (
     finish,
     free_port,
     launch,
-    processes_in,
     run_script,
+    torchrun_workers,
     wait_for_hold,
     write_pairs,
 )
@@ -157,12 +157,7 @@ def restarted(project, reference):
     process = launch(project, "cpu:2", 0, *args, CONFIGS=configs, **settings)
     wait_for_hold(hold, 2, process)
     wait_for_checkpoint(project, "restarted", checkpoint_step, process)
-    workers = [
-        pid
-        for pid in processes_in(project)
-        if b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
-        and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
+    workers = torchrun_workers(project)
     assert len(workers) == 2
     os.kill(max(workers), signal.SIGKILL)
     hold.unlink()
