@@ -43,12 +43,16 @@ WORKLOADS = {
     "seq2seq": Workload(
         configs=("configs/ddp.yaml", "configs/seq2seq.yaml"),
         overrides=("--data.init_args.data_dir={data_dir}",),
+        # Numbers of up to 3 digits (short sequences) and one layer each side: a step in milliseconds.
         quick_overrides=(
             "--data.init_args.data_dir={data_dir}",
-            "--data.init_args.num_pairs=2000",
+            "--data.init_args.num_pairs=400",
+            "--data.init_args.max_digits=3",
             "--data.init_args.batch_size=16",
             "--model.init_args.d_model=32",
             "--model.init_args.dim_feedforward=64",
+            "--model.init_args.num_encoder_layers=1",
+            "--model.init_args.num_decoder_layers=1",
         ),
     ),
 }

@@ -23,8 +23,9 @@ from tests.helpers import assert_everything_stopped, copy_project, free_port, la
 
 pytestmark = pytest.mark.distributed
 
-STEPS_PER_EPOCH = 64  # 8192 samples / (64 per batch * 2 processes)
-EPOCHS = 3
+NUM_TRAIN = 1024
+STEPS_PER_EPOCH = 8  # 1024 samples / (64 per batch * 2 processes)
+EPOCHS = 2  # the link is cut in epoch 1: the resumed run trains what is left of the run, one epoch
 PEER_TIMEOUT = 10  # seconds, a setting of these runs; the collective timeout stays at the config's 30 minutes
 # How long after peer_timeout a node may take to stop and its launcher to exit, on a busy machine.
 MARGIN = 60
@@ -34,6 +35,7 @@ CHECKPOINT = Path("logs", "toy", "default", "checkpoints", "last.ckpt")
 def job_args(hold_at: int, hold_file: Path, peer_timeout: int = PEER_TIMEOUT) -> list[str]:
     return [
         f"--trainer.max_epochs={EPOCHS}",
+        f"--data.init_args.num_train={NUM_TRAIN}",
         f"--trainer.strategy.init_args.peer_timeout=0:00:{peer_timeout:02d}",
         "--trainer.callbacks+=tests.probe.HoldAtStep",
         f"--trainer.callbacks.step={hold_at}",
