@@ -116,7 +116,7 @@ check_hosts() {
 run_nodes() {
     local i host
     open_pipes
-    alive=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
+    alive=() retry_at=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
     trap stop_timer EXIT
     trap 'stop_nodes INT 130 interrupted' INT
     trap 'stop_nodes TERM 143 terminated' TERM
@@ -126,8 +126,9 @@ run_nodes() {
         [[ -n $signalled ]] || start_node "$i"
     done
     while [[ -n ${!alive[*]} ]]; do
-        wait -n || true # until an ssh or the stop timer ends, or a signal arrives
+        wait -n || true # until an ssh or a timer ends, or a signal arrives
         collect_finished_nodes
+        retry_nodes
         if [[ -n $deadline ]] && ((SECONDS >= deadline)); then
             kill_stragglers
         fi
@@ -251,6 +252,14 @@ collect_finished_nodes() {
         wait "${ssh_pids[i]}" || status=$?
         if ((status == 0)); then
             tell "node $i (${addresses[i]}) finished"
+        elif [[ -n ${MIN_NODES:-} && -z $signalled && -n ${alive[0]:-} ]]; then
+            # torchrun goes on with the other nodes; the node joins again at the next restart once it runs.
+            say "node $i (${addresses[i]}) failed with status $status: the elastic job goes on without it (MIN_NODES=$MIN_NODES); starting it again every ${ELASTIC_WAIT}s while node 0 runs"
+            retry_at[i]=$((SECONDS + ELASTIC_WAIT))
+            (
+                close_pipes
+                exec sleep "$ELASTIC_WAIT"
+            ) &
         elif [[ -z $first_failed ]]; then
             first_failed=$i
             failed_status=$status
@@ -262,6 +271,21 @@ collect_finished_nodes() {
             fi
             say "node $i (${addresses[i]}) failed with status $status: stopping the other nodes with SIGTERM (killed if still running ${STOP_TIMEOUT}s later)"
             ask_nodes TERM
+        fi
+    done
+}
+
+# Start again the nodes of an elastic job that failed, once their time has come; none once node 0 has ended.
+retry_nodes() {
+    local i
+    for i in "${!retry_at[@]}"; do
+        if [[ -z ${alive[0]:-} || -n $signalled ]]; then
+            say "node $i (${addresses[i]}) is not started again: the job has ended"
+            unset "retry_at[i]"
+        elif ((SECONDS >= retry_at[i])); then
+            unset "retry_at[i]"
+            say "starting node $i (${addresses[i]}) again"
+            start_node "$i"
         fi
     done
 }

@@ -15,7 +15,9 @@
 # and Lightning have node 0's versions (then each node makes run_ddp_train.sh's checks). Output lines are
 # prefixed with their node ([node 1 host-b] ...) and land in each node's own log as well. When a node fails, or
 # on Ctrl-C or SIGTERM, every other node is stopped as run_ddp_train.sh stops training (a second Ctrl-C kills at
-# once); the exit status is the first failing node's. Every node gets PYTHON, RUN_ID, CLUSTER_ENV, LAUNCHER,
+# once); the exit status is the first failing node's. An elastic job (LAUNCHER=torchrun MIN_NODES=N) goes on
+# when a node other than node 0 fails: that node is started again every ELASTIC_WAIT seconds (30) while node 0
+# runs, and joins the job at its next restart. Every node gets PYTHON, RUN_ID, CLUSTER_ENV, LAUNCHER,
 # MAX_RESTARTS, MIN_NODES, ELASTIC_WAIT, DEBUG and STOP_TIMEOUT where they are set, and every setting of cluster.env as this machine has it.
 # Knobs read from the environment:
 #   PROJECT_DIR=path    the project directory on every host (default: this one's)
@@ -47,6 +49,8 @@ load_settings "${CLUSTER_ENV:-scripts/cluster.env}"
     || die "NUM_NODES=$NUM_NODES is set, but $hostfile lists ${#hosts[@]} host(s) and the launcher starts one node on each. Unset NUM_NODES, or list $NUM_NODES hosts."
 NUM_NODES=${#hosts[@]}
 MASTER_ADDR=${MASTER_ADDR:-${addresses[0]}}
+ELASTIC_WAIT=${ELASTIC_WAIT:-30}
+[[ $ELASTIC_WAIT =~ ^[0-9]+$ ]] || die "ELASTIC_WAIT=$ELASTIC_WAIT is not a number of seconds."
 
 declare -A passed=()
 for key in "${settings[@]}" MASTER_ADDR NUM_NODES STOP_TIMEOUT PYTHON RUN_ID CLUSTER_ENV LAUNCHER MAX_RESTARTS MIN_NODES ELASTIC_WAIT DEBUG; do

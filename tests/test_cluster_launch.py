@@ -240,3 +240,46 @@ def test_a_node_that_refuses_to_start_stops_the_launch_with_its_words(cluster, t
         "error: node 0 (10.231.0.2) failed first, with status 2: see its lines above ([node 0 10.231.0.2] ...)"
         in output
     )
+
+
+def test_an_elastic_job_goes_on_when_a_node_fails_and_takes_it_back_when_the_launch_starts_it_again(cluster, tmp_path):
+    """Node 1's torchrun and its worker killed at step 2: node 0 goes on (alone, holding at step 3, if node 1 is not
+    back by its restart), the launch starts node 1 again, and the job, back on both nodes, finishes."""
+    kill, alone = tmp_path / "kill.hold", tmp_path / "alone.hold"
+    alone.touch()
+    settings = {"RUN_ID": "elastic", "LOG_DIR": "logs/elastic", "LAUNCHER": "torchrun", "MIN_NODES": "1"}
+    args = [*held_run(kill), "--trainer.callbacks.world_size=2", "--trainer.max_epochs=2"]
+    args += ["--trainer.callbacks+=tests.probe.HoldAtStep", "--trainer.callbacks.step=3"]
+    args += [f"--trainer.callbacks.hold_file={alone}", "--trainer.callbacks.world_size=1"]
+    args.append("--trainer.strategy.init_args.peer_timeout=0:00:10")
+    process = launch_cluster(cluster, cluster.hostfile, "cpu:1", *args, ELASTIC_WAIT="5", **settings)
+    wait_for_hold(kill, 2, process)
+    node1 = f"--local-addr={cluster.hosts[1]['address']}".encode()
+    (agent,) = [pid for pid in processes_in(cluster.project) if node1 in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    workers = [pid for pid in processes_in(cluster.project) if parent(pid) == agent]
+    for pid in [agent, *workers]:  # node 1 as a crash leaves it: nothing of its training left
+        os.kill(pid, signal.SIGKILL)
+    kill.unlink()
+    output, _ = process.communicate(timeout=900)
+    assert process.returncode == 0, output
+    assert "node 1 (10.231.0.2) failed with status 137: the elastic job goes on without it (MIN_NODES=1)" in output
+    assert "starting node 1 (10.231.0.2) again" in output
+    node0 = printed_by(output, 0, cluster.hosts[0])
+    assert "error: the job lost node 1" in node0
+    # Node 1 back before node 0's restart gathered: [2, 2]; after it: [2, 1, 2] (node 0 waits at step 3 alone).
+    sizes = [int(line.rsplit("=", 1)[1]) for line in node0.splitlines() if "group_world_size=" in line]
+    assert sizes in ([2, 2], [2, 1, 2]), f"the rounds of node 0's torchrun: {sizes}"
+    assert "node 1 (10.231.0.2) finished" in output
+    assert output.rstrip().endswith("every node finished"), output
+    checkpoint = torch.load(
+        cluster.project / "logs" / "toy" / "elastic" / "checkpoints" / "last.ckpt", weights_only=True
+    )
+    assert checkpoint["epoch"] == 1
+    alone.unlink()
+
+
+def parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
