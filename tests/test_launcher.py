@@ -88,7 +88,11 @@ def test_torchrun_launcher_runs_the_same_job(tmp_path):
     master_output, _ = finish(master), finish(worker)
 
     check_ranks(tmp_path / "probe", nodes=2, per_node=1)
-    assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d" in master_output
+    assert (
+        "-m torch.distributed.run --nnodes=2 --local-addr=127.0.0.1 --rdzv-conf=join_timeout=300,is_host=true "
+        in master_output
+    )
+    assert "--nproc-per-node=1 --rdzv-backend=c10d" in master_output
 
 
 def start_long_run(node: Path, gpus: str = "cpu:2", **settings: str) -> subprocess.Popen:
