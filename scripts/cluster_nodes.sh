@@ -116,7 +116,7 @@ check_hosts() {
 run_nodes() {
     local i host
     open_pipes
-    alive=() retry_at=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
+    alive=() retry_at=() retry_timers=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
     trap stop_timer EXIT
     trap 'stop_nodes INT 130 interrupted' INT
     trap 'stop_nodes TERM 143 terminated' TERM
@@ -240,6 +240,7 @@ ask_nodes() {
 
 stop_timer() {
     [[ -z $timer ]] || kill "$timer" 2>/dev/null || true
+    [[ -z ${retry_timers[*]} ]] || kill "${retry_timers[@]}" 2>/dev/null || true
 }
 
 # Note the status of every node whose ssh has ended; the first failure stops the others.
@@ -260,6 +261,7 @@ collect_finished_nodes() {
                 close_pipes
                 exec sleep "$ELASTIC_WAIT"
             ) &
+            retry_timers+=("$!")
         elif [[ -z $first_failed ]]; then
             first_failed=$i
             failed_status=$status
