@@ -106,6 +106,17 @@ def test_a_peer_silent_for_peer_timeout_stops_the_job_naming_node_checkpoint_and
     assert paragraph.count("\n") == 2, "not one paragraph"
 
 
+def test_a_node_that_takes_a_peers_paragraph_names_its_own_command(store, exits, start):
+    _, port = store
+    zero, one = start(port, 0, 0), start(port, 1, 1)
+    hear_each_other(zero, one)
+    paragraph = "the job lost node 2 (...). This node had reached epoch 1, step 70. ..."
+    one.state = {"state": "stopping", "verdict": f"{paragraph}; this node was started with: OTHER cpu:1 1"}
+    one._publish()
+    wait_until(lambda: zero.heard[1].beat.get("state") == "stopping")
+    assert zero.verdict(PEER_TIMEOUT.total_seconds(), "") == f"{paragraph}; this node was started with: {COMMAND}"
+
+
 class Link:
     """A relay to the store that can be cut: afterwards no byte passes either way, and the connections stay open,
     as when a cable is pulled."""

@@ -148,8 +148,8 @@ class Liveness:
         now = time.monotonic()
         heard = dict(self.heard)
         for peer in heard.values():
-            if peer.beat.get("state") == "stopping":
-                return peer.beat["verdict"]
+            if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
+                return lost_peer.with_command(peer.beat["verdict"], self.describe["command"])
         for peer in heard.values() if failed else ():
             if peer.beat.get("state") == "failed":
                 return lost_peer.peer_failed(peer.beat, peer.beat["error"], self._tail(None))

@@ -126,4 +126,13 @@ def tail(lost: str | None, progress: tuple[int, int] | None, checkpoint: dict[st
             "joined again (every node, or MIN_NODES of an elastic job, which takes a node back when its launcher is "
             f"started again); if it gives up: {resume[0].lower()}{resume[1:]}"
         )
-    return f"{reached} {saved} {resume}; this node was started with: {command}".strip()
+    return f"{reached} {saved} {resume}{STARTED}{command}".strip()
+
+
+STARTED = "; this node was started with: "
+
+
+def with_command(paragraph: str, command: str) -> str:
+    """A peer's paragraph, which ends with the command that started the peer's node, with this node's instead."""
+    head, found, _ = paragraph.rpartition(STARTED)
+    return f"{head}{STARTED}{command}" if found else paragraph
