@@ -31,9 +31,12 @@ class ResumableSampler(DistributedSampler):
         self.skip_batches = self.skip_samples = 0
         if not skip_samples:
             return itertools.islice(super().__iter__(), skip_batches * self.batch_size, None)
-        order = torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
-        rest = (order.tolist() if self.shuffle else list(range(len(self.dataset))))[skip_samples:]
-        rest += rest[: -len(rest) % self.num_replicas]  # evened out as DistributedSampler does
+        # The epoch's whole order is that of the same sampler for one process.
+        whole = DistributedSampler(self.dataset, num_replicas=1, rank=0, shuffle=self.shuffle, seed=self.seed)
+        whole.set_epoch(self.epoch)
+        rest = list(whole)[skip_samples:]
+        # Evened out with samples from its start, as DistributedSampler does.
+        rest += [rest[i % len(rest)] for i in range(-len(rest) % self.num_replicas)]
         return iter(rest[self.rank :: self.num_replicas])
 
 
