@@ -232,11 +232,16 @@ validate_node() {
 }
 
 # Parse the whole config now, so a mistake stops every node before anything starts. Sets resolved (the config
-# as YAML) and num_nodes.
+# as YAML), num_nodes and min_nodes (the strategy's, empty when unset).
 parse_config() {
     resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
         || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."
-    num_nodes=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["trainer"]["num_nodes"])' <<<"$resolved")
+    # shellcheck disable=SC2034  # min_nodes is for run_ddp_train.sh
+    read -r num_nodes min_nodes < <("$PYTHON" -c '
+import sys, yaml
+trainer = yaml.safe_load(sys.stdin)["trainer"]
+strategy = trainer["strategy"] if isinstance(trainer["strategy"], dict) else {}
+print(trainer["num_nodes"], (strategy.get("init_args") or {}).get("min_nodes") or "")' <<<"$resolved")
     ((NODE_RANK < num_nodes)) \
         || die "NODE_RANK=$NODE_RANK is out of range: the config has trainer.num_nodes=$num_nodes, so node ranks are 0..$((num_nodes - 1)). Edit num_nodes in the config (or set NUM_NODES) on every node."
 }

@@ -133,10 +133,7 @@ if [[ -n ${MIN_NODES:-} ]]; then
 fi
 parse_config
 nodes=$num_nodes
-if [[ $LAUNCHER == torchrun ]]; then
-    min_nodes=$("$PYTHON" -c 'import sys, yaml; s = yaml.safe_load(sys.stdin)["trainer"]["strategy"]; print(s.get("init_args", {}).get("min_nodes") or "" if isinstance(s, dict) else "")' <<<"$resolved")
-    [[ -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
-fi
+[[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
 export_node_environment
 # Training names this command, with the environment it depends on, as the one that resumes the job after it lost
 # a node: the same on every node but for the node rank.
