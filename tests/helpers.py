@@ -73,13 +73,25 @@ def launcher_env(**settings: str) -> dict[str, str]:
     return {**env, "PYTHON": sys.executable, **settings}
 
 
-def launch(node: Path, gpus: str, rank: int | str, *extra: str, netns: str | None = None, **settings: str):
+def launch(
+    node: Path,
+    gpus: str,
+    rank: int | str,
+    *extra: str,
+    netns: str | None = None,
+    log: Path | None = None,
+    **settings: str,
+):
+    """The launcher of node ``rank``; its output in a pipe, or appended to ``log`` for a run nobody reads while it
+    goes on (a pipe would fill and stop it)."""
     command = [str(node / "scripts" / "run_ddp_train.sh"), gpus, str(rank), *extra]
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
-    return subprocess.Popen(
-        command, env=launcher_env(**settings), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    env = launcher_env(**settings)
+    if log is not None:
+        with log.open("a") as output:
+            return subprocess.Popen(command, env=env, stdout=output, stderr=output)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(process: subprocess.Popen, timeout: float = 600) -> str:

@@ -48,6 +48,11 @@ def network_namespaces(tag: str, count: int = 2) -> Iterator[list[dict]]:
             subprocess.run(["ip", "netns", "delete", netns], capture_output=True)
 
 
+def set_link(host: dict, state: str) -> None:
+    """Set the host's interface ``down`` (cut off, as an unplugged machine) or ``up``."""
+    subprocess.run(["ip", "-n", host["netns"], "link", "set", host["interface"], state], check=True)
+
+
 def keygen(path: Path) -> str:
     """A new ed25519 key pair without a passphrase at ``path``; returns the public key."""
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)

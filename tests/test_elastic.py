@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from scripts import make_shards
-from tests.helpers import copy_project, free_port, launcher_env, write_pairs
+from tests.helpers import copy_project, free_port, launch, write_pairs
 
 pytestmark = pytest.mark.distributed
 
@@ -48,11 +48,7 @@ SMALL = [
 
 
 def start(project: Path, rank: int, log: Path, *args: str, netns: str | None = None, **settings: str):
-    command = [str(project / "scripts" / "run_ddp_train.sh"), "cpu:1", str(rank), *SMALL, *args]
-    if netns:
-        command = ["ip", "netns", "exec", netns, *command]
-    with log.open("a") as output:  # a file, not a pipe: nobody reads while the job runs
-        return subprocess.Popen(command, env=launcher_env(CONFIGS=CONFIGS, **settings), stdout=output, stderr=output)
+    return launch(project, "cpu:1", rank, *SMALL, *args, netns=netns, log=log, CONFIGS=CONFIGS, **settings)
 
 
 def held(hold: Path, ranks: int, launchers: list[subprocess.Popen], logs: list[Path]) -> None:
@@ -98,7 +94,7 @@ def project(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def elastic(project, tmp_path_factory):
-    from tests.hosts import network_namespaces
+    from tests.hosts import network_namespaces, set_link
 
     root = tmp_path_factory.mktemp("run")
     with network_namespaces(f"{time.monotonic_ns() % 100000}e", count=3) as hosts:
@@ -131,7 +127,7 @@ def elastic(project, tmp_path_factory):
         launchers = [start(project, n, logs[n], *args, netns=hosts[n]["netns"], **settings) for n in range(3)]
         held(first, 3, launchers, logs)
 
-        subprocess.run(["ip", "-n", hosts[2]["netns"], "link", "set", hosts[2]["interface"], "down"], check=True)
+        set_link(hosts[2], "down")
         cut_at = time.monotonic()
         first.unlink()
         held(second, 2, launchers[:2], logs[:2])
@@ -139,7 +135,7 @@ def elastic(project, tmp_path_factory):
 
         launchers[2].send_signal(signal.SIGTERM)  # the cut-off node, wherever it got to alone
         lost_status = launchers[2].wait(timeout=600)
-        subprocess.run(["ip", "-n", hosts[2]["netns"], "link", "set", hosts[2]["interface"], "up"], check=True)
+        set_link(hosts[2], "up")
         logs.append(root / "host2-again.log")
         launchers.append(start(project, 2, logs[3], *args, netns=hosts[2]["netns"], **settings))
         statuses = [launcher.wait(timeout=900) for launcher in launchers]

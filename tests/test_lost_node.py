@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_everything_stopped, copy_project, free_port, launch, processes_in, wait_for_hold
+from tests.hosts import set_link
 
 pytestmark = pytest.mark.distributed
 
@@ -52,10 +53,6 @@ def wait_all(processes: list[subprocess.Popen], since: float) -> list[tuple[str,
 
     with ThreadPoolExecutor(len(processes)) as pool:
         return list(pool.map(wait, processes))
-
-
-def set_link(host: dict, state: str) -> None:
-    subprocess.run(["ip", "-n", host["netns"], "link", "set", host["interface"], state], check=True)
 
 
 @pytest.fixture(scope="module")
