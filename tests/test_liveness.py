@@ -66,8 +66,8 @@ def start():
         return member
 
     yield run
-    for member in started:
-        member.stopped.set()
+    for member in started:  # none may outlive the test inside a store call (Liveness.stop says why)
+        member.stop()
 
 
 def wait_until(condition, timeout: float = 60) -> None:
@@ -165,6 +165,7 @@ def test_a_slow_peer_and_one_that_finished_are_not_lost(store, exits, start):
     members = [start(port, rank, rank) for rank in range(3)]
     hear_each_other(*members)
     members[2].stop()  # finished: its last beat says so
+    assert not members[2].beating.is_alive(), "the heartbeat outlived stop()"
     # Every process but the finished one stays silent in its own work (a long save, validation or first step)
     # for twice peer_timeout: the heartbeat threads run regardless.
     time.sleep(2 * PEER_TIMEOUT.total_seconds())

@@ -87,13 +87,14 @@ class Liveness:
         self.count = 0
         self.stopped = threading.Event()
         self.stopping = threading.Lock()
+        self.beating = threading.Thread(target=self._beat, name="liveness-beat", daemon=True)
         self.why = (
             f"for longer than peer_timeout ({peer_timeout}), so this node stopped rather than wait out the "
             f"collective timeout ({collective_timeout})"
         )
 
     def start(self) -> None:
-        threading.Thread(target=self._beat, name="liveness-beat", daemon=True).start()
+        self.beating.start()
         threading.Thread(target=self._watch, name="liveness-watch", daemon=True).start()
 
     def stop(self) -> None:
@@ -102,6 +103,11 @@ class Liveness:
             self.state = {"state": "done"}
             self._publish()
         self.stopped.set()
+        # A daemon thread that comes back from a store call while the interpreter exits aborts the process
+        # ("terminate called without an active exception", torch issue 38228): let the call end first. It ends
+        # at once unless the store hangs, and then it outlasts the process instead.
+        if self.beating.is_alive():
+            self.beating.join(max(2 * self.period, 5.0))
 
     def checkpoint_saved(self, path: str, epoch: int, step: int) -> None:
         """A checkpoint saved completely (training/strategy.py says when a process counts it so)."""
