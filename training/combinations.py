@@ -3,7 +3,6 @@ that each work alone but not together (naming where each was set), a ``trainer.d
 values it takes without a check and then fails on (or ignores)."""
 
 import importlib
-import inspect
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -11,12 +10,8 @@ from typing import Any
 
 import torch
 import yaml
-from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-from training.startup import StartupError
 
 POSITIVE = re.compile(r"[1-9][0-9]*")
 DEFAULT_WAITS = {"timeout": "0:30:00", "join_timeout": "0:10:00", "peer_timeout": "0:01:00"}
@@ -133,28 +128,6 @@ def devices_problem(config: dict[str, Any]) -> str | None:
         f"trainer.devices={devices} names no devices: trainer.devices takes a number of devices per node (a positive "
         'integer), -1 or auto for every visible GPU, or the ids of the GPUs to use once each, such as [0, 1] or "0,1".'
     )
-
-
-def refused_setting(error: BaseException) -> str | None:
-    """The paragraph for ``error`` when it is a job that cannot start, or Lightning refusing a setting once the job
-    runs; None for any other error, a bug in code, whose traceback is shown whole.
-
-    Lightning refuses a setting with a MisconfigurationException, or with a ValueError where it can check the value
-    only against the data (``val_check_interval`` beyond the batches of an epoch): a ValueError raised in Lightning's
-    own code that names a Trainer argument is such a refusal.
-    """
-    if isinstance(error, StartupError | MisconfigurationException):
-        return str(error)
-    if not isinstance(error, ValueError):
-        return None
-    frame = error.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    in_lightning = frame is not None and frame.tb_frame.f_globals.get("__name__", "").startswith("lightning.")
-    names = inspect.signature(Trainer.__init__).parameters
-    if in_lightning and any(f"`{name}`" in str(error) for name in names):
-        return f"{str(error).strip()} Fix the trainer settings in the config files or on the command line."
-    return None
 
 
 def _is_fsdp(strategy: Any) -> bool:

@@ -137,7 +137,9 @@ class RunRecord(SaveConfigCallback):
         if not trainer.is_global_zero:
             return
         fs = get_filesystem(self.log_dir)
-        path = f"{self.log_dir.rstrip('/')}/{self.config_filename}"
+        # validate/test/predict log into the run too; their configs must not overwrite the training one.
+        name = self.config_filename if stage == "fit" else f"{trainer.state.fn.value}-{self.config_filename}"
+        path = f"{self.log_dir.rstrip('/')}/{name}"
         text = self.parser.dump(self.config, skip_none=False)
         if fs.isfile(path) and stage == "fit":
             with fs.open(path) as file:

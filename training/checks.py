@@ -1,0 +1,62 @@
+"""What counts as a mistake in what the user gave, and its one paragraph: every check of a subcommand's config
+that runs before anything is built (so before any other process starts), and the errors of building or running
+that name a setting rather than a bug."""
+
+import inspect
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from training.combinations import combination_problem, trainer_problem
+from training.mlflow_logger import mlflow_problem
+from training.parser import optimizer_problem
+from training.resume import checkpoint_problem
+from training.startup import StartupError
+from training.storage import storage_problem
+
+FIX = "Fix the trainer settings in the config files or on the command line."
+
+
+def config_problem(settings: dict[str, Any]) -> str | None:
+    """The first problem of ``settings`` (a subcommand's config, as a dict), or None."""
+    root_dir = (settings.get("trainer") or {}).get("default_root_dir")
+    return (
+        storage_problem(settings)
+        or checkpoint_problem(settings.get("ckpt_path"), root_dir)
+        or optimizer_problem(settings)
+        or trainer_problem(settings)
+        or combination_problem(settings)
+        or mlflow_problem(settings)
+    )
+
+
+def instantiation_problem(error: ValueError | MisconfigurationException) -> str:
+    """The paragraph for a class of the config refusing its arguments as it is built: a constructor's ValueError,
+    whose message names the flag and the fix (jsonargparse wraps it in a report on each type it tried: the class,
+    then None), or Lightning's Trainer refusing a setting or a combination."""
+    if isinstance(error, MisconfigurationException):
+        return f"{error} {FIX}"
+    return str(error.__cause__ if isinstance(error.__cause__, ValueError) else error)
+
+
+def refused_setting(error: BaseException) -> str | None:
+    """The paragraph for ``error`` when it is a job that cannot start, or Lightning refusing a setting once the job
+    runs; None for any other error, a bug in code, whose traceback is shown whole.
+
+    Lightning refuses a setting with a MisconfigurationException, or with a ValueError where it can check the value
+    only against the data (``val_check_interval`` beyond the batches of an epoch): a ValueError raised in Lightning's
+    own code that names a Trainer argument is such a refusal.
+    """
+    if isinstance(error, StartupError | MisconfigurationException):
+        return str(error)
+    if not isinstance(error, ValueError):
+        return None
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    in_lightning = frame is not None and frame.tb_frame.f_globals.get("__name__", "").startswith("lightning.")
+    names = inspect.signature(Trainer.__init__).parameters
+    if in_lightning and any(f"`{name}`" in str(error) for name in names):
+        return f"{str(error).strip()} {FIX}"
+    return None
