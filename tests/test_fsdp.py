@@ -13,7 +13,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-from data.seq2seq import BOS, EOS, collate
+from data.seq2seq_batches import BOS, EOS, collate
 from models import Seq2SeqTransformer
 from models.seq2seq import DecoderLayer
 from tests.helpers import DDP_YAML, REPO, needs_gpus, run_script

@@ -13,7 +13,7 @@ from torch.utils.data import DistributedSampler
 from data import Seq2SeqDataModule
 from data.length_sampler import LengthGroupedBatchSampler
 from data.number_corpus import builtin_pairs, number_to_words
-from data.seq2seq import BOS, EOS, PAD, UNK, collate
+from data.seq2seq_batches import BOS, EOS, PAD, UNK, collate
 from tests.helpers import DDP_YAML, REPO
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from data.seq2seq import BOS, EOS, PAD, collate
+from data.seq2seq_batches import BOS, EOS, PAD, collate
 from models import Seq2SeqTransformer, seq2seq
 from models.seq2seq import sinusoidal_positions, warmup_then_inverse_sqrt
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, needs_gpus, run_script

@@ -12,7 +12,7 @@ from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from data import Seq2SeqDataModule
-from data.seq2seq import EOS
+from data.seq2seq_batches import EOS
 from data.shards import ShardReader
 from scripts import make_shards
 from tests.helpers import write_pairs

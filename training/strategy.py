@@ -19,10 +19,11 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.constants import default_pg_timeout
 
 from training import lost_peer
+from training.checkpoint_agreement import loads_problem, model_mismatch
 from training.elastic import nodes_present
 from training.fingerprint import checkpoint_fact, code_digest
 from training.liveness import Liveness
-from training.startup import FIXES, Member, StartupError, handshake
+from training.startup import Member, StartupError, handshake
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -158,19 +159,8 @@ class DDPStrategy(LightningDDPStrategy):
             dist.all_gather_object(everyone, mine)
         self.checkpoint_problem = ""
         self.running = trainer
-        loads = {where: fact for where, fact, _ in everyone}
-        if len(set(loads.values())) > 1:
-            shown = ", ".join(f"{where} loads {fact}" for where, fact in loads.items())
-            raise StartupError(
-                f"the job cannot start, its processes load different checkpoints: {shown}. To fix: "
-                f"{FIXES['checkpoint']}."
-            )
-        if problem := next((problem for _, _, problem in everyone if problem), ""):
-            raise StartupError(
-                f"the checkpoint {trainer.ckpt_path} holds another model than the config builds now ({problem}). "
-                "To resume, restore the model settings of that run; to train the changed model, start a new run "
-                "with RUN_ID=<new id>."
-            )
+        if problem := loads_problem(everyone, trainer.ckpt_path):
+            raise StartupError(problem)
         super().setup(trainer)
 
     def _join(self) -> Store:
@@ -272,20 +262,3 @@ def leave_process_group() -> None:
     """At exit: torch warns of an NCCL process group that was never destroyed."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def model_mismatch(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str:
-    """What keeps ``saved`` (a checkpoint's state dict) from loading into ``model``'s, or "" if nothing does."""
-    missing = sorted(model.keys() - saved.keys())
-    unexpected = sorted(saved.keys() - model.keys())
-    reshaped = [
-        f"{key} {tuple(saved[key].shape)} in the checkpoint, {tuple(model[key].shape)} now"
-        for key in sorted(model.keys() & saved.keys())
-        if model[key].shape != saved[key].shape
-    ]
-    parts = [
-        f"{what}: {', '.join(keys[:3])}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
-        for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shape", reshaped))
-        if keys
-    ]
-    return "; ".join(parts)
