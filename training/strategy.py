@@ -15,13 +15,14 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
 from training import lost_peer
 from training.checkpoint_agreement import loads_problem, model_mismatch
 from training.elastic import nodes_present
 from training.fingerprint import checkpoint_fact, code_digest
+from training.job_store import attempt_prefix, connect
 from training.liveness import Liveness
 from training.startup import Member, StartupError, handshake
 
@@ -165,8 +166,8 @@ class DDPStrategy(LightningDDPStrategy):
 
     def _join(self) -> Store:
         environment = self.cluster_environment
-        address = f"{environment.main_address}:{environment.main_port}"
-        store = self._connect(environment.main_address, environment.main_port, address)
+        host, port = environment.main_address, environment.main_port
+        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}")
         me = Member(
             node_rank=self.node_rank,
             local_rank=self.local_rank,
@@ -189,7 +190,7 @@ class DDPStrategy(LightningDDPStrategy):
                 num_nodes=self.num_nodes,
                 devices=self.num_processes,
                 timeout=self.join_timeout,
-                address=address,
+                address=f"{host}:{port}",
                 leader=self.global_rank == 0,
                 advice=self._started_outside_advice(),
             )
@@ -215,24 +216,6 @@ class DDPStrategy(LightningDDPStrategy):
             " scripts/run_ddp_train.sh."
         )
 
-    def _connect(self, host: str, port: int, address: str) -> Store:
-        prefix = attempt_prefix()
-        serve = self.global_rank == 0 and prefix is None
-        try:
-            store = TCPStore(host, port, is_master=serve, timeout=self.join_timeout, wait_for_workers=False)
-        except RuntimeError as error:
-            if serve:
-                raise StartupError(
-                    f"global rank 0 cannot listen on {address}: {error}. Another job (or an earlier run still "
-                    "shutting down) holds the port: stop it, or choose another MASTER_PORT on every node."
-                ) from error
-            raise StartupError(
-                f"node {self.node_rank} cannot reach the master at {address} within {self.join_timeout}: {error}. "
-                "Check that node 0 is running, that every node uses the same MASTER_ADDR and MASTER_PORT, and that "
-                "the master's firewall lets this node reach that port."
-            ) from error
-        return PrefixStore(prefix, store) if prefix else store
-
     def _liveness(self) -> Liveness:
         environment = self.cluster_environment
         return Liveness(
@@ -248,14 +231,6 @@ class DDPStrategy(LightningDDPStrategy):
     def _progress(self) -> tuple[int, int] | None:
         trainer = self.running
         return (trainer.current_epoch, trainer.global_step) if trainer is not None else None
-
-
-def attempt_prefix() -> str | None:
-    """Under torchrun every process is a client of the agent's store, which outlives a restart of the workers: a
-    fresh prefix per attempt keeps the new workers from reading the dead ones' keys."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    return f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def leave_process_group() -> None:
