@@ -53,7 +53,7 @@ def start():
 
     def run(port: int, rank: int, node: int, world_size: int = 2, peer_timeout: timedelta = PEER_TIMEOUT) -> Liveness:
         member = Liveness(
-            ("127.0.0.1", port, None),
+            ("127.0.0.1", port),
             {"rank": rank, "node": node, "local": 0},
             world_size,
             peer_timeout,

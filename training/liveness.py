@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed import Store
 
-from training import lost_peer
+from training import job_store, lost_peer
 
 PREFIX = "liveness"
 EXIT_STATUS = 1
@@ -49,7 +49,7 @@ class Liveness:
     """The heartbeat of one process and its watch over the others.
 
     Args:
-        store: ``(host, port, prefix)`` of the job's store; ``prefix`` (or None) is that of the handshake's keys.
+        store: ``(host, port)`` of the job's store (training/job_store.py).
         me: this process's ``rank``, ``node`` and ``local`` rank.
         world_size: the number of processes of the job.
         peer_timeout: how long a peer may stay silent before it counts as lost.
@@ -60,7 +60,7 @@ class Liveness:
 
     def __init__(
         self,
-        store: tuple[str, int, str | None],
+        store: tuple[str, int],
         me: dict[str, int],
         world_size: int,
         peer_timeout: timedelta,
@@ -227,14 +227,13 @@ class Liveness:
 
     def _reconnect(self) -> Store:
         # A failed store operation makes torch print a C++ backtrace: knock on the port first, quietly.
-        host, port, prefix = self.store
+        host, port = self.store
         with socket.create_connection((host, port), timeout=self.period):
             pass
         # Longer than peer_timeout: a store that stops answering is the watch's to report, without the warning
         # torch prints when an operation times out.
         timeout = max(2 * self.peer_timeout, timedelta(seconds=5))
-        client = TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
-        return PrefixStore(prefix, client) if prefix else client
+        return job_store.connect(host, port, False, timeout, f"node {self.me['node']}")
 
     def _heard(self, rank: int, beat: dict[str, Any]) -> None:
         previous = self.heard.get(rank)

@@ -22,7 +22,7 @@ from training import lost_peer
 from training.checkpoint_agreement import loads_problem, model_mismatch
 from training.elastic import nodes_present
 from training.fingerprint import checkpoint_fact, code_digest
-from training.job_store import attempt_prefix, connect
+from training.job_store import connect
 from training.liveness import Liveness
 from training.startup import Member, StartupError, handshake
 
@@ -219,7 +219,7 @@ class DDPStrategy(LightningDDPStrategy):
     def _liveness(self) -> Liveness:
         environment = self.cluster_environment
         return Liveness(
-            (environment.main_address, environment.main_port, attempt_prefix()),
+            (environment.main_address, environment.main_port),
             {"rank": self.global_rank, "node": self.node_rank, "local": self.local_rank},
             self.world_size,
             self.peer_timeout,
