@@ -15,7 +15,7 @@ from torch.distributed import TCPStore
 
 from tests.helpers import free_port
 from training import liveness, lost_peer
-from training.liveness import Liveness
+from training.liveness import Heard, Liveness
 
 PEER_TIMEOUT = timedelta(seconds=2)
 # A peer_timeout longer than these tests take: only the failed collective's own wait can end them.
@@ -188,6 +188,21 @@ def test_after_a_failed_collective_a_silent_peer_is_named_at_once(store, exits, 
     assert paragraph.startswith(f"the job lost node 1 ({socket.gethostname()}, 127.0.0.1), last heard from at ")
     assert "and a collective with it failed (RuntimeError: Connection closed by peer [10.0.0.2]:3), so" in paragraph
     assert exits == []
+
+
+def test_a_peer_whose_last_beat_arrives_late_after_the_failure_is_still_named(store, exits, start, short_grace):
+    _, port = store
+    zero, one = (start(port, rank, rank, peer_timeout=QUICK_FAILURE) for rank in range(2))
+    hear_each_other(zero, one)
+    one.stopped.set()
+    one.beating.join()
+    wait_until(lambda: zero.heard[1].beat["count"] == one.count)
+    # As a loaded machine would: node 1's last beat reaches node 0 well after the collective failed, so it has not
+    # been silent for the grace when the grace after the failure is over.
+    last = zero.heard[1]
+    zero.heard[1] = Heard(last.beat, time.monotonic() + 1.5, last.changed_at)
+    paragraph = zero.failed(RuntimeError("Connection closed by peer [10.0.0.2]:3"))
+    assert paragraph is not None and paragraph.startswith(f"the job lost node 1 ({socket.gethostname()}, 127.0.0.1)")
 
 
 def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(store, exits, start, short_grace):

@@ -121,15 +121,30 @@ class Liveness:
         peer to fall silent or report its own error. If all kept answering, a timeout is the collective's own.
         """
         grace = min(FAILURE_GRACE, self.peer_timeout).total_seconds()
-        deadline = time.monotonic() + grace + 2 * self.period
+        failed_at = time.monotonic()
         why = f"and a collective with it failed ({lost_peer.one_line(error)}), so this node stopped"
-        while time.monotonic() < deadline:
-            if paragraph := self.verdict(grace, why, failed=True):
-                return paragraph
+        while not (paragraph := self.verdict(grace, why, failed=True)) and not self._told(failed_at, grace):
             time.sleep(min(self.period, 0.5))
+        if paragraph:
+            return paragraph
         if lost_peer.timed_out(error):
             return lost_peer.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
         return None
+
+    def _told(self, failed_at: float, grace: float) -> bool:
+        """Whether the heartbeats since a collective failed at ``failed_at`` have said all they will: ``grace`` and
+        two periods have passed, this process has fresh news of the store, and no peer whose beats stopped after
+        the failure is still short of ``grace`` (a loaded machine hears a peer's last beat late). At the latest
+        after a further peer_timeout."""
+        now = time.monotonic()
+        if now - failed_at > grace + 2 * self.period + self.peer_timeout.total_seconds():
+            return True
+        fresh = now - self.store_heard <= 2 * self.period
+        falling = any(
+            failed_at <= peer.changed < now - 2 * self.period and peer.beat.get("state") != "done"
+            for peer in list(self.heard.values())
+        )
+        return now - failed_at >= grace + 2 * self.period and fresh and not falling
 
     def errored(self, error: BaseException) -> None:
         """This process stops with its own error: the others name it instead of waiting for its silence."""
