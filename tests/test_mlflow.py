@@ -1,9 +1,13 @@
 """configs/mlflow.yaml: MLflow beside TensorBoard, against a real tracking server on loopback (sqlite store); one
 MLflow run per run id across restarts; an unreachable server stops the run at start; only global rank 0 talks."""
 
+import fcntl
 import os
+import shutil
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -31,11 +35,38 @@ def fit(run_cli, *args: str):
     )
 
 
+# The tracking server is the full mlflow package, with scipy, pandas and scikit-learn, in an environment of its own:
+# the tests' environment has the client alone, as a user's does (requirements-mlflow.txt), and none of those for
+# torchmetrics to import in every training process.
+SERVER_ENV = REPO / ".venv-mlflow-server"
+
+
+def server_python() -> Path:
+    """The Python of the server's environment, made from requirements-mlflow-server.txt on first use."""
+    python = SERVER_ENV / "bin" / "python"
+    with open(REPO / ".venv-mlflow-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once make it once
+        if not python.exists():
+            partial = SERVER_ENV.with_name(f"{SERVER_ENV.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            run(sys.executable, "-m", "venv", partial)
+            pip = [partial / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            run(*pip, "-r", REPO / "requirements-mlflow-server.txt")
+            shutil.rmtree(SERVER_ENV, ignore_errors=True)
+            partial.rename(SERVER_ENV)  # a half-made environment is never taken for a whole one
+    return python
+
+
+def run(*command) -> None:
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @pytest.fixture(scope="module")
 def tracking_uri(tmp_path_factory):
     directory = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command = [str(server_python()), "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{directory}/mlflow.db", "--default-artifact-root", str(directory)]
     server = serve(command, port, directory / "server.log", timeout=300)
     uri = f"http://127.0.0.1:{port}"
