@@ -62,29 +62,6 @@ def test_any_module_plugs_in_by_class_path(run_cli):
     assert result.trainer.global_step == 1
 
 
-def test_subcommands_run_from_a_saved_checkpoint(run_cli, tmp_path):
-    fit = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.max_epochs=1", "--trainer.limit_train_batches=8")
-    last = tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt"
-    assert last.is_file()
-    trained = fit.model.state_dict()
-
-    for subcommand in ("validate", "test", "predict"):
-        result = run_cli(subcommand, "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", str(last))
-        for name, value in result.model.state_dict().items():
-            assert torch.equal(value, trained[name]), (subcommand, name)
-        if subcommand == "predict":
-            predictions = torch.cat(result.trainer.predict_loop.predictions)
-            assert predictions.shape == (1024, 8)
-            assert torch.equal(torch.load(last.parent.parent / "predictions.pt"), predictions)
-        else:
-            stage = "val" if subcommand == "validate" else "test"
-            assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
-
-    (tmp_path / "mine").touch()  # the permissions a file of the user's gets under this umask
-    for path in last.parent.parent.rglob("*"):
-        assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
-
-
 def scalars(directory) -> dict[str, list[int]]:
     """The steps of each scalar but the epoch in the TensorBoard files of ``directory`` (not of its subdirectories)."""
     events = EventAccumulator(str(directory))
@@ -92,19 +69,37 @@ def scalars(directory) -> dict[str, list[int]]:
     return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"] if tag != "epoch"}
 
 
-def test_evaluations_log_apart_from_the_training_curves(run_cli, tmp_path):
+def test_subcommands_run_from_a_saved_checkpoint_and_log_apart_from_the_training_curves(run_cli, tmp_path):
     args = ["-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_val_batches=2"]
-    run_cli("fit", *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1")
+    fit = run_cli(
+        "fit", *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=4", "--trainer.log_every_n_steps=1"
+    )
     run = tmp_path / "logs" / "toy" / "default"
-    trained = scalars(run)
-    hparams = (run / "hparams.yaml").read_bytes()
-    for subcommand in ("validate", "test", "predict"):
-        run_cli(subcommand, *args)
+    last = run / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    trained, curves, hparams = fit.model.state_dict(), scalars(run), (run / "hparams.yaml").read_bytes()
+
+    # validate is given the checkpoint; test and predict find the run's last one themselves (ckpt_path: last).
+    for subcommand, given in (("validate", ["--ckpt_path", str(last)]), ("test", []), ("predict", [])):
+        result = run_cli(subcommand, *args, *given)
+        for name, value in result.model.state_dict().items():
+            assert torch.equal(value, trained[name]), (subcommand, name)
         assert (run / f"{subcommand}-config.yaml").is_file(), subcommand
-    assert scalars(run) == trained == {"train/loss": [0, 1, 2, 3], "val/loss": [3]}
+        if subcommand == "predict":
+            predictions = torch.cat(result.trainer.predict_loop.predictions)
+            assert predictions.shape == (1024, 8)
+            assert torch.equal(torch.load(run / "predictions.pt"), predictions)
+        else:
+            stage = "val" if subcommand == "validate" else "test"
+            assert torch.isfinite(result.trainer.callback_metrics[f"{stage}/loss"]), subcommand
+    assert scalars(run) == curves == {"train/loss": [0, 1, 2, 3], "val/loss": [3]}
     assert scalars(run / "validate") == {"val/loss": [0]} and scalars(run / "test") == {"test/loss": [0]}
     assert not (run / "predict").exists(), "predict logs no metrics, and leaves no empty TensorBoard run"
-    assert (run / "predictions.pt").is_file() and (run / "hparams.yaml").read_bytes() == hparams
+    assert (run / "hparams.yaml").read_bytes() == hparams
+
+    (tmp_path / "mine").touch()  # the permissions a file of the user's gets under this umask
+    for path in run.rglob("*"):
+        assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
 
 
 def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
