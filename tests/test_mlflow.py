@@ -66,18 +66,8 @@ def run(*command) -> None:
 def tracking_uri(tmp_path_factory):
     directory = tmp_path_factory.mktemp("mlflow")
     port = free_port()
-    command = [
-        str(server_python()),
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-    ]
+    python = str(server_python())
+    command = [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{directory}/mlflow.db", "--default-artifact-root", str(directory)]
     server = serve(command, port, directory / "server.log", timeout=300)
     uri = f"http://127.0.0.1:{port}"
