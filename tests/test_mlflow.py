@@ -5,7 +5,6 @@ import fcntl
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 import requests
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, serve
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, run_script, serve
 from training.mlflow_logger import RUN_TAG, MLFlowLogger
 
 MLFLOW_YAML = str(REPO / "configs" / "mlflow.yaml")
@@ -49,17 +48,14 @@ def server_python() -> Path:
         if not python.exists():
             partial = SERVER_ENV.with_name(f"{SERVER_ENV.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
-            run(sys.executable, "-m", "venv", partial)
-            pip = [partial / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-            run(*pip, "-r", REPO / "requirements-mlflow-server.txt")
+            venv = [sys.executable, "-m", "venv", str(partial)]
+            pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+            for command in (venv, [*pip, "-r", "requirements-mlflow-server.txt"]):
+                made = run_script(command, cwd=REPO, timeout=1200)
+                assert made.returncode == 0, made.stdout + made.stderr
             shutil.rmtree(SERVER_ENV, ignore_errors=True)
             partial.rename(SERVER_ENV)  # a half-made environment is never taken for a whole one
     return python
-
-
-def run(*command) -> None:
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
