@@ -15,7 +15,8 @@ from torch.distributed import TCPStore
 
 from tests.helpers import free_port
 from training import liveness, lost_peer
-from training.liveness import Heard, Liveness
+from training.hearing import Heard
+from training.liveness import Liveness
 
 PEER_TIMEOUT = timedelta(seconds=2)
 # A peer_timeout longer than these tests take: only the failed collective's own wait can end them.
@@ -78,7 +79,7 @@ def wait_until(condition, timeout: float = 60) -> None:
 
 
 def hear_each_other(*members: Liveness) -> None:
-    wait_until(lambda: all(len(member.heard) == member.world_size for member in members))
+    wait_until(lambda: all(len(member.hearing.peers) == member.world_size for member in members))
 
 
 def test_a_peer_silent_for_peer_timeout_stops_the_job_naming_node_checkpoint_and_command(store, exits, start, capsys):
@@ -113,7 +114,7 @@ def test_a_node_that_takes_a_peers_paragraph_names_its_own_command(store, exits,
     paragraph = "the job lost node 2 (...). This node had reached epoch 1, step 70. ..."
     one.state = {"state": "stopping", "verdict": f"{paragraph}; this node was started with: OTHER cpu:1 1"}
     one._publish()
-    wait_until(lambda: zero.heard[1].beat.get("state") == "stopping")
+    wait_until(lambda: zero.hearing.peers[1].beat.get("state") == "stopping")
     assert zero.verdict(PEER_TIMEOUT.total_seconds(), "") == f"{paragraph}; this node was started with: {COMMAND}"
 
 
@@ -196,11 +197,11 @@ def test_a_peer_whose_last_beat_arrives_late_after_the_failure_is_still_named(st
     hear_each_other(zero, one)
     one.stopped.set()
     one.beating.join()
-    wait_until(lambda: zero.heard[1].beat["count"] == one.count)
+    wait_until(lambda: zero.hearing.peers[1].beat["count"] == one.count)
     # As a loaded machine would: node 1's last beat reaches node 0 well after the collective failed, so it has not
     # been silent for the grace when the grace after the failure is over.
-    last = zero.heard[1]
-    zero.heard[1] = Heard(last.beat, time.monotonic() + 1.5, last.changed_at)
+    last = zero.hearing.peers[1]
+    zero.hearing.peers[1] = Heard(last.beat, time.monotonic() + 1.5, last.changed_at)
     paragraph = zero.failed(RuntimeError("Connection closed by peer [10.0.0.2]:3"))
     assert paragraph is not None and paragraph.startswith(f"the job lost node 1 ({socket.gethostname()}, 127.0.0.1)")
 
@@ -210,7 +211,7 @@ def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(st
     zero, one = (start(port, rank, rank, peer_timeout=QUICK_FAILURE) for rank in range(2))
     hear_each_other(zero, one)
     one.errored(ValueError("the loss is nan\nat step 70"))
-    wait_until(lambda: zero.heard[1].beat["state"] == "failed")
+    wait_until(lambda: zero.hearing.peers[1].beat["state"] == "failed")
     paragraph = zero.failed(RuntimeError("Connection closed by peer"))
     assert paragraph.startswith(
         f"rank 1 (local rank 0) of node 1 ({socket.gethostname()}, 127.0.0.1) stopped with an error: ValueError: the "

@@ -17,13 +17,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from torch.distributed import Store
 
 from training import job_store, lost_peer
+from training.hearing import Hearing
 
 PREFIX = "liveness"
 EXIT_STATUS = 1
@@ -34,15 +34,6 @@ FAILURE_GRACE = timedelta(seconds=10)
 def beat_period(peer_timeout: timedelta) -> float:
     """Seconds between heartbeats: a tenth of ``peer_timeout``, at most 2 s."""
     return min(peer_timeout.total_seconds() / 10, 2.0)
-
-
-@dataclass
-class Heard:
-    """The latest heartbeat of one process, and when it last changed (monotonic and wall clock)."""
-
-    beat: dict[str, Any]
-    changed: float
-    changed_at: float = field(default_factory=time.time)
 
 
 class Liveness:
@@ -79,10 +70,7 @@ class Liveness:
         self.announce = announce
         self.state: dict[str, Any] = {"state": "running"}
         self.checkpoint: dict[str, Any] | None = None
-        self.started = time.monotonic()
-        self.heard: dict[int, Heard] = {}
-        self.store_heard = self.started
-        self.store_heard_at = time.time()
+        self.hearing = Hearing(world_size, self.period)
         self.client: Store | None = None
         self.count = 0
         self.stopped = threading.Event()
@@ -139,12 +127,8 @@ class Liveness:
         now = time.monotonic()
         if now - failed_at > grace + 2 * self.period + self.peer_timeout.total_seconds():
             return True
-        fresh = now - self.store_heard <= 2 * self.period
-        falling = any(
-            failed_at <= peer.changed < now - 2 * self.period and peer.beat.get("state") != "done"
-            for peer in list(self.heard.values())
-        )
-        return now - failed_at >= grace + 2 * self.period and fresh and not falling
+        over = now - failed_at >= grace + 2 * self.period
+        return over and self.hearing.fresh(now) and not self.hearing.falling(failed_at, now)
 
     def errored(self, error: BaseException) -> None:
         """This process stops with its own error: the others name it instead of waiting for its silence."""
@@ -167,23 +151,21 @@ class Liveness:
         an error, or if a peer or the store has been silent for ``silence`` seconds (``why`` says what that
         means); else None."""
         now = time.monotonic()
-        heard = dict(self.heard)
+        heard = dict(self.hearing.peers)
         for peer in heard.values():
             if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
                 return lost_peer.with_command(peer.beat["verdict"], self.describe["command"])
         for peer in heard.values() if failed else ():
             if peer.beat.get("state") == "failed":
                 return lost_peer.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
-        if now - self.store_heard > silence:
+        if now - self.hearing.store > silence:
             zero = heard[0].beat if 0 in heard else {}
             if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
                 return None
-            return lost_peer.store_lost(zero, self.store_address, self.store_heard_at, why, self._tail("node 0"))
-        if now - self.store_heard > 2 * self.period:
-            return None  # no fresh news of anyone: the peers' silence says nothing about them
-        silent = {
-            rank: heard.get(rank) for rank in range(self.world_size) if self._silent(heard.get(rank), now, silence)
-        }
+            return lost_peer.store_lost(zero, self.store_address, self.hearing.store_at, why, self._tail("node 0"))
+        if not self.hearing.fresh(now):
+            return None
+        silent = self.hearing.silent(now, silence)
         if not silent:
             return None
         nodes = {peer.beat["node"] for peer in silent.values() if peer is not None}
@@ -191,13 +173,8 @@ class Liveness:
         lost = " and ".join(f"node {node}" for node in whole) or None
         return lost_peer.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
 
-    def _silent(self, peer: Heard | None, now: float, silence: float) -> bool:
-        if peer is None:  # never heard from: counted from when this process started listening
-            return now - self.started > silence
-        return peer.beat.get("state") != "done" and now - peer.changed > silence
-
     def _tail(self, lost: str | None) -> str:
-        zero = self.heard.get(0)
+        zero = self.hearing.peers.get(0)
         checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
         return lost_peer.tail(lost, self.progress(), checkpoint, self.describe["command"])
 
@@ -233,9 +210,9 @@ class Liveness:
                 self.client.set(f"{PREFIX}/{self.me['rank']}", self._beat_value())
                 present += [key for key in keys if key not in present and self.client.check([key])]
                 values = self.client.multi_get(present) if present else []
-                self.store_heard, self.store_heard_at = time.monotonic(), time.time()
-                for key, value in zip(present, values, strict=True):
-                    self._heard(int(key.rsplit("/", 1)[1]), json.loads(value))
+                self.hearing.answered(
+                    {int(key.rsplit("/", 1)[1]): json.loads(value) for key, value in zip(present, values, strict=True)}
+                )
             except (RuntimeError, OSError, ValueError):
                 self.client = None
             self.stopped.wait(self.period)
@@ -249,11 +226,6 @@ class Liveness:
         # torch prints when an operation times out.
         timeout = max(2 * self.peer_timeout, timedelta(seconds=5))
         return job_store.connect(host, port, False, timeout, f"node {self.me['node']}")
-
-    def _heard(self, rank: int, beat: dict[str, Any]) -> None:
-        previous = self.heard.get(rank)
-        if previous is None or previous.beat.get("count") != beat.get("count"):
-            self.heard[rank] = Heard(beat, time.monotonic())
 
     def _watch(self) -> None:
         while not self.stopped.wait(self.period):
