@@ -32,24 +32,30 @@ def store():
     del server
 
 
+class Exits(list):
+    """The statuses the heartbeats exited with. As after ``os._exit``, the thread that asked never returns: it stays
+    parked, so no heartbeat acts after the moment its process would have ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[threading.Thread] = set()
+
+    def __call__(self, status: int) -> None:
+        self.threads.add(threading.current_thread())
+        self.append(status)
+        threading.Event().wait()
+
+
 @pytest.fixture
 def exits(monkeypatch):
-    """The exits the heartbeats asked for; the thread that asked waits until the test is over."""
-    asked: list[int] = []
-    over = threading.Event()
-
-    def record(status: int) -> None:
-        asked.append(status)
-        over.wait()
-
-    monkeypatch.setattr(liveness.os, "_exit", record)
+    asked = Exits()
+    monkeypatch.setattr(liveness.os, "_exit", asked)
     monkeypatch.setenv("LAUNCH_COMMAND", COMMAND)
-    yield asked
-    over.set()
+    return asked
 
 
 @pytest.fixture
-def start():
+def start(exits):
     started: list[Liveness] = []
 
     def run(port: int, rank: int, node: int, world_size: int = 2, peer_timeout: timedelta = PEER_TIMEOUT) -> Liveness:
@@ -69,6 +75,9 @@ def start():
     yield run
     for member in started:  # none may outlive the test inside a store call (Liveness.stop says why)
         member.stop()
+    # A watch that passed its last look at `stopped` may still stop the job: while os._exit is the test's, let each
+    # watch end or park there, or it would end this whole test process once the patch is undone.
+    wait_until(lambda: all(not member.watching.is_alive() or member.watching in exits.threads for member in started))
 
 
 def wait_until(condition, timeout: float = 60) -> None:

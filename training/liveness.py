@@ -76,6 +76,7 @@ class Liveness:
         self.stopped = threading.Event()
         self.stopping = threading.Lock()
         self.beating = threading.Thread(target=self._beat, name="liveness-beat", daemon=True)
+        self.watching = threading.Thread(target=self._watch, name="liveness-watch", daemon=True)
         self.why = (
             f"for longer than peer_timeout ({peer_timeout}), so this node stopped rather than wait out the "
             f"collective timeout ({collective_timeout})"
@@ -83,7 +84,7 @@ class Liveness:
 
     def start(self) -> None:
         self.beating.start()
-        threading.Thread(target=self._watch, name="liveness-watch", daemon=True).start()
+        self.watching.start()
 
     def stop(self) -> None:
         """This process ends (normally, or after its own error): nobody may take it for lost once it is gone."""
