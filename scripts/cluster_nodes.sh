@@ -116,7 +116,7 @@ check_hosts() {
 run_nodes() {
     local i host
     open_pipes
-    alive=() retry_at=() retry_timers=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d)
+    alive=() retry_at=() retry_timers=() signalled='' first_failed='' failed_status='' deadline='' timer='' printed=$(mktemp -d) markers=()
     trap stop_timer EXIT
     trap 'stop_nodes INT 130 interrupted' INT
     trap 'stop_nodes TERM 143 terminated' TERM
@@ -178,6 +178,8 @@ close_pipes() {
 start_node() {
     local i=$1 command
     command=$(node_command "$i" STOP_WITH_STDIN=1)
+    # A marker per start: a node started again prints after its first start's output has ended.
+    markers+=("$printed/${#markers[@]}")
     (
         exec <&"${from_launcher[i]}"
         close_pipes
@@ -185,7 +187,7 @@ start_node() {
         # carrying what the nodes print while they stop.
         # shellcheck disable=SC2029  # the command is built here
         exec setsid ssh "${ssh_options[@]}" "${hosts[i]}" "$command"
-    ) > >(prefix_lines "[node $i ${addresses[i]}] " "$printed/node$i") 2>&1 &
+    ) > >(prefix_lines "[node $i ${addresses[i]}] " "${markers[-1]}") 2>&1 &
     ssh_pids[i]=$!
     alive[i]=1
 }
@@ -207,9 +209,9 @@ prefix_lines() {
 # The nodes' lines are printed by processes of their own, which may still be at it when the nodes have ended: the
 # launcher's last line comes after theirs (at most 30 s: a process a node left behind may hold its output open).
 wait_for_output() {
-    local i end=$((SECONDS + 30))
-    for i in "${!hosts[@]}"; do
-        while [[ ! -e $printed/node$i ]] && ((SECONDS < end)); do
+    local marker end=$((SECONDS + 30))
+    for marker in "${markers[@]}"; do
+        while [[ ! -e $marker ]] && ((SECONDS < end)); do
             sleep 0.1
         done
     done

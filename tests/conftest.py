@@ -24,6 +24,36 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, torch.get_num_threads() // int(workers)))
 
 
+# The files that take longest start first, so that the quick ones fill the cores while the last long one ends:
+# the fast tier's longest (launcher cases that each parse the config, heartbeat tests that wait out short
+# timeouts, in-process CLI runs; a minute at most), then the jobs of minutes, longest first. pytest-xdist hands a
+# worker whole files in collection order (--no-loadscope-reorder: its own order, most tests first, started these
+# few-test files last, and the run ended with one of them alone on the machine).
+LONGEST_FIRST = (
+    "test_launcher_checks.py",
+    "test_liveness.py",
+    "test_cli.py",
+    "test_elastic.py",
+    "test_cluster_launch.py",
+    "test_launcher.py",
+    "test_fault_tolerance.py",
+    "test_lost_node.py",
+    "test_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    distributed = {item.path.name for item in items if item.get_closest_marker("distributed")}
+
+    def start(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(name)
+        return (1, 0) if name in distributed else (2, 0)
+
+    items.sort(key=start)  # stable: each file's tests stay together and in order
+
+
 @pytest.fixture(autouse=True)
 def environment_restored():
     """Lightning's launcher writes LOCAL_RANK, MASTER_PORT, OMP_NUM_THREADS, ... into the environment of the process

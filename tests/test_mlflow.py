@@ -2,6 +2,7 @@
 MLflow run per run id across restarts; an unreachable server stops the run at start; only global rank 0 talks."""
 
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -36,25 +37,29 @@ def fit(run_cli, *args: str):
 
 # The tracking server is the full mlflow package, with scipy, pandas and scikit-learn, in an environment of its own:
 # the tests' environment has the client alone, as a user's does (requirements-mlflow.txt), and none of those for
-# torchmetrics to import in every training process.
-SERVER_ENV = REPO / ".venv-mlflow-server"
+# torchmetrics to import in every training process. It is made once per machine and requirements file, outside the
+# checkout, so a new clone does not spend minutes making it again.
+SERVER_REQUIREMENTS = REPO / "requirements-mlflow-server.txt"
 
 
 def server_python() -> Path:
     """The Python of the server's environment, made from requirements-mlflow-server.txt on first use."""
-    python = SERVER_ENV / "bin" / "python"
-    with open(REPO / ".venv-mlflow-server.lock", "w") as lock:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning-ddp-template"
+    digest = hashlib.sha256(SERVER_REQUIREMENTS.read_bytes()).hexdigest()[:12]
+    environment = cache / f"mlflow-server-{digest}"
+    python = environment / "bin" / "python"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{environment.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once make it once
         if not python.exists():
-            partial = SERVER_ENV.with_name(f"{SERVER_ENV.name}.partial")
+            partial = environment.with_name(f"{environment.name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
             venv = [sys.executable, "-m", "venv", str(partial)]
             pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-            for command in (venv, [*pip, "-r", "requirements-mlflow-server.txt"]):
+            for command in (venv, [*pip, "-r", str(SERVER_REQUIREMENTS)]):
                 made = run_script(command, cwd=REPO, timeout=1200)
                 assert made.returncode == 0, made.stdout + made.stderr
-            shutil.rmtree(SERVER_ENV, ignore_errors=True)
-            partial.rename(SERVER_ENV)  # a half-made environment is never taken for a whole one
+            partial.rename(environment)  # a half-made environment is never taken for a whole one
     return python
 
 
