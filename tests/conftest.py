@@ -26,19 +26,24 @@ def pytest_configure(config):
 
 # The files that take longest start first, so that the quick ones fill the cores while the last long one ends:
 # the fast tier's longest (launcher cases that each parse the config, heartbeat tests that wait out short
-# timeouts, in-process CLI runs; a minute at most), then the jobs of minutes, longest first. pytest-xdist hands a
-# worker whole files in collection order (--no-loadscope-reorder: its own order, most tests first, started these
-# few-test files last, and the run ended with one of them alone on the machine).
+# timeouts, in-process CLI runs; a minute at most), then the files whose jobs take a minute or more, longest
+# first (as measured in a full run). pytest-xdist hands a worker whole files in collection order
+# (--no-loadscope-reorder: its own order, most tests first, started these few-test files last, and the run ended
+# with one of them alone on the machine).
 LONGEST_FIRST = (
     "test_launcher_checks.py",
     "test_liveness.py",
     "test_cli.py",
     "test_elastic.py",
-    "test_cluster_launch.py",
     "test_launcher.py",
-    "test_fault_tolerance.py",
+    "test_cluster_launch.py",
+    "test_doctor.py",
     "test_lost_node.py",
+    "test_fault_tolerance.py",
     "test_bench.py",
+    "test_streaming_ddp.py",
+    "test_k8s.py",
+    "test_startup.py",
 )
 
 

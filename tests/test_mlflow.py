@@ -38,7 +38,7 @@ def fit(run_cli, *args: str):
 # The tracking server is the full mlflow package, with scipy, pandas and scikit-learn, in an environment of its own:
 # the tests' environment has the client alone, as a user's does (requirements-mlflow.txt), and none of those for
 # torchmetrics to import in every training process. It is made once per machine and requirements file, outside the
-# checkout, so a new clone does not spend minutes making it again.
+# checkout, so a new clone does not spend minutes making it again; a changed file or Python makes another.
 SERVER_REQUIREMENTS = REPO / "requirements-mlflow-server.txt"
 
 
@@ -46,7 +46,7 @@ def server_python() -> Path:
     """The Python of the server's environment, made from requirements-mlflow-server.txt on first use."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning-ddp-template"
     digest = hashlib.sha256(SERVER_REQUIREMENTS.read_bytes()).hexdigest()[:12]
-    environment = cache / f"mlflow-server-{digest}"
+    environment = cache / f"mlflow-server-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
     python = environment / "bin" / "python"
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{environment.name}.lock", "w") as lock:
@@ -59,6 +59,7 @@ def server_python() -> Path:
             for command in (venv, [*pip, "-r", str(SERVER_REQUIREMENTS)]):
                 made = run_script(command, cwd=REPO, timeout=1200)
                 assert made.returncode == 0, made.stdout + made.stderr
+            shutil.rmtree(environment, ignore_errors=True)
             partial.rename(environment)  # a half-made environment is never taken for a whole one
     return python
 
