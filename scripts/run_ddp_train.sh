@@ -131,6 +131,12 @@ if [[ -n ${MIN_NODES:-} ]]; then
     echo "MIN_NODES=$MIN_NODES from the environment overrides strategy min_nodes of the config"
     cli_args+=("--trainer.strategy.init_args.min_nodes=$MIN_NODES")
 fi
+dry_run=0
+[[ -z ${DRY_RUN:-} || $DRY_RUN == 0 ]] || dry_run=1
+# Before the config's parse, which imports Lightning: torch alone tells whether this node has the GPUs.
+if [[ $accelerator == gpu ]] && ((!dry_run)); then
+    CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" -m scripts.gpu_check "$procs_per_node" || exit 2
+fi
 parse_config
 nodes=$num_nodes
 [[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
@@ -181,7 +187,7 @@ fi
 
 apply_exports
 
-if [[ -n ${DRY_RUN:-} && $DRY_RUN != 0 ]]; then
+if ((dry_run)); then
     echo "# node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), launcher $LAUNCHER, in $project"
     echo "unset LOCAL_RANK RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK TORCHELASTIC_RUN_ID"
     for assignment in "${exports[@]}"; do
@@ -191,9 +197,6 @@ if [[ -n ${DRY_RUN:-} && $DRY_RUN != 0 ]]; then
     exit 0
 fi
 
-if [[ $accelerator == gpu ]]; then
-    "$PYTHON" -m scripts.gpu_check "$procs_per_node" || exit 2 # under this node's CUDA_VISIBLE_DEVICES
-fi
 ((NODE_RANK == 0)) || wait_for_master
 
 mkdir -p "$LOG_DIR"
