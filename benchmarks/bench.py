@@ -30,10 +30,11 @@ template/Lightning and template/raw ratios over the rows::
     worst template/raw step-time ratio: X.XX
 
 --quick runs tiny models for a few steps, the toy model with the most processes and seq2seq with 1 (for the
-tests).
+tests). The chart needs matplotlib: pip install -r requirements-charts.txt.
 """
 
 import argparse
+import importlib.util
 import itertools
 import json
 import os
@@ -366,6 +367,8 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if problem := device_problem(args.accelerator, 1):
         parser.error(problem)
+    if importlib.util.find_spec("matplotlib") is None:
+        parser.error("bench.png needs matplotlib, which is not installed: pip install -r requirements-charts.txt")
     args.rounds = args.rounds or (1 if args.quick else 5)
     args.warmup = 2 if args.quick else 10
     args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}

@@ -9,6 +9,7 @@ training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -316,6 +317,10 @@ def main() -> None:
     parser.add_argument("--bench", action="store_true", help="measure collective bandwidth as well")
     parser.add_argument("--bench-max-mb", type=int, default=64, help="largest message of the benchmark, in MiB")
     args = parser.parse_args()
+    if args.bench and args.node_rank == 0 and importlib.util.find_spec("matplotlib") is None:
+        why = "BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here"
+        say("FAIL", f"{why}: pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.")
+        sys.exit(2)
 
     healthy = check_node(args)
     if args.accelerator == "gpu" and not torch.cuda.is_available():

@@ -1,6 +1,8 @@
 """Helpers for tests that run the project's entry points as real jobs: the CLI, the launcher as the nodes of a
 cluster, and what their ranks recorded."""
 
+import fcntl
+import hashlib
 import os
 import random
 import shutil
@@ -8,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,43 @@ def run_script(args: list[str], cwd: Path, env: dict[str, str] | None = None, ti
         text=True,
         timeout=timeout,
     )
+
+
+def made_once(requirements: Path, kind: str, make: Callable[[Path], None], holds: str) -> Path:
+    """A directory ``make`` fills from ``requirements`` once per machine, in ~/.cache/lightning-ddp-template (or
+    XDG_CACHE_HOME's), named by ``kind``, the Python version and the file's digest: a new clone does not make it
+    again, a changed file or Python makes another, and one without ``holds`` inside is made again."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning-ddp-template"
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:12]
+    made = cache / f"{kind}-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{made.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once make it once
+        if not (made / holds).exists():
+            partial = made.with_name(f"{made.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            make(partial)
+            shutil.rmtree(made, ignore_errors=True)
+            partial.rename(made)  # a half-made directory is never taken for a whole one
+    return made
+
+
+def pip_install(python: Path | str, *args: str) -> None:
+    done = run_script(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], REPO, timeout=1200
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def charts_path() -> str:
+    """A directory for the PYTHONPATH of a process that draws a chart, holding requirements-charts.txt (matplotlib):
+    the tests' environment leaves it out, as requirements.txt does, so that no other process imports it."""
+    charts = REPO / "requirements-charts.txt"
+
+    def make(target: Path) -> None:
+        pip_install(sys.executable, "--no-deps", "--target", str(target), "-r", str(charts))
+
+    return str(made_once(charts, "charts", make, holds="matplotlib"))
 
 
 def copy_project(dest: Path) -> Path:

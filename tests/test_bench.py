@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -9,16 +10,20 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import REPO, needs_gpus, run_script
+from tests.helpers import REPO, charts_path, needs_gpus, run_script
 
 SIDES = ("template", "lightning", "raw")
+
+
+def with_charts() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join([str(REPO), charts_path()])}
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--out", str(out)]
-    result = run_script(command, cwd=REPO, timeout=1800)
+    result = run_script(command, cwd=REPO, env=with_charts(), timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((out / "bench.json").read_text()), result.stdout, out
 
@@ -146,6 +151,22 @@ def test_gpu_rows_have_at_most_one_process_per_gpu(gpus, full, quick, monkeypatc
     assert process_counts(False, "cpu") == {"toy": (1, 2), "seq2seq": (1, 2)}
 
 
+def test_without_matplotlib_it_stops_before_any_run_naming_the_requirements_file(tmp_path, monkeypatch, capsys):
+    from benchmarks import bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    *_, error = capsys.readouterr().err.strip().splitlines()
+    assert error == (
+        "python -m benchmarks.bench: error: bench.png needs matplotlib, which is not installed: "
+        "pip install -r requirements-charts.txt"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_gpu_without_cuda_stops_with_one_line_naming_the_flag(tmp_path, monkeypatch, capsys):
     from benchmarks import bench
 
@@ -178,7 +199,7 @@ def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch,
 @needs_gpus(1)
 def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--accelerator", "gpu", "--out", str(tmp_path)]
-    result = run_script(command, cwd=REPO, timeout=1800)
+    result = run_script(command, cwd=REPO, env=with_charts(), timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((tmp_path / "bench.json").read_text())
     device = torch.cuda.get_device_name(0)

@@ -7,6 +7,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from torch.distributed import HashStore
 
 from scripts import comm_bench, cpu_check, gpu_check
 from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
-from tests.helpers import copy_project, free_port, launcher_env, needs_gpus
+from scripts.doctor import main as doctor_main
+from tests.helpers import charts_path, copy_project, free_port, launcher_env, needs_gpus
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce", "send/recv")
 CORES = len(os.sched_getaffinity(0))
@@ -46,7 +48,8 @@ def two_nodes(
 def one_node(root, gpus: str) -> tuple[str, list[dict[str, str]]]:
     """A healthy run of the doctor with the benchmark on one node: its output and the benchmark's rows."""
     node = copy_project(root / "node0")
-    process = doctor(node, gpus, 0, MASTER_PORT=str(free_port()), NUM_NODES="1", BENCH="1", BENCH_MAX_MB="1")
+    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "1", "PYTHONPATH": charts_path()}
+    process = doctor(node, gpus, 0, BENCH="1", BENCH_MAX_MB="1", **settings)
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output
     assert output.rstrip().endswith("ok    the doctor found nothing wrong"), output
@@ -68,7 +71,8 @@ def healthy(tmp_path_factory):
     processes run a thread per core of the machine each, so between them more threads than it has cores."""
     root = tmp_path_factory.mktemp("doctor")
     oversubscribed = {"OMP_NUM_THREADS": str(CORES)}
-    return root, two_nodes(root, "cpu:2", worker_settings=oversubscribed, BENCH="1", BENCH_MAX_MB="1")
+    bench = {"BENCH": "1", "BENCH_MAX_MB": "1", "PYTHONPATH": charts_path()}  # the master plots with matplotlib
+    return root, two_nodes(root, "cpu:2", worker_settings=oversubscribed, **bench)
 
 
 @pytest.mark.distributed
@@ -140,6 +144,20 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
         assert "config differs between node 0 (" in output and "trainer.max_epochs (5 vs 3)" in output
         assert "FAIL  the doctor found problems above" in output
         assert "broadcast on" not in output, "no collectives with nodes that disagree"
+
+
+def test_bench_without_matplotlib_on_the_master_stops_before_any_check(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
+    options = ["--node-rank", "0", "--num-nodes", "2", "--nproc", "1", "--accelerator", "cpu", "--config", "none.yaml"]
+    options += ["--timeout", "1", "--out-dir", "out", "--bench"]
+    monkeypatch.setattr(sys, "argv", ["doctor", *options])
+    with pytest.raises(SystemExit) as exit_:
+        doctor_main()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out == (
+        "FAIL  BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here: "
+        "pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.\n"
+    )
 
 
 @pytest.mark.distributed

@@ -1,10 +1,7 @@
 """configs/mlflow.yaml: MLflow beside TensorBoard, against a real tracking server on loopback (sqlite store); one
 MLflow run per run id across restarts; an unreachable server stops the run at start; only global rank 0 talks."""
 
-import fcntl
-import hashlib
 import os
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -13,7 +10,7 @@ import pytest
 import requests
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, run_script, serve
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, made_once, pip_install, run_script, serve
 from training.mlflow_logger import RUN_TAG, MLFlowLogger
 
 MLFLOW_YAML = str(REPO / "configs" / "mlflow.yaml")
@@ -37,31 +34,21 @@ def fit(run_cli, *args: str):
 
 # The tracking server is the full mlflow package, with scipy, pandas and scikit-learn, in an environment of its own:
 # the tests' environment has the client alone, as a user's does (requirements-mlflow.txt), and none of those for
-# torchmetrics to import in every training process. It is made once per machine and requirements file, outside the
-# checkout, so a new clone does not spend minutes making it again; a changed file or Python makes another.
+# torchmetrics to import in every training process. It is made once per machine (tests.helpers.made_once).
 SERVER_REQUIREMENTS = REPO / "requirements-mlflow-server.txt"
+
+
+def make_server_environment(path: Path) -> None:
+    made = run_script([sys.executable, "-m", "venv", str(path)], cwd=REPO)
+    assert made.returncode == 0, made.stdout + made.stderr
+    pip_install(path / "bin" / "python", "-r", str(SERVER_REQUIREMENTS))
 
 
 def server_python() -> Path:
     """The Python of the server's environment, made from requirements-mlflow-server.txt on first use."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightning-ddp-template"
-    digest = hashlib.sha256(SERVER_REQUIREMENTS.read_bytes()).hexdigest()[:12]
-    environment = cache / f"mlflow-server-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
-    python = environment / "bin" / "python"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / f"{environment.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once make it once
-        if not python.exists():
-            partial = environment.with_name(f"{environment.name}.partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            venv = [sys.executable, "-m", "venv", str(partial)]
-            pip = [str(partial / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-            for command in (venv, [*pip, "-r", str(SERVER_REQUIREMENTS)]):
-                made = run_script(command, cwd=REPO, timeout=1200)
-                assert made.returncode == 0, made.stdout + made.stderr
-            shutil.rmtree(environment, ignore_errors=True)
-            partial.rename(environment)  # a half-made environment is never taken for a whole one
-    return python
+    return (
+        made_once(SERVER_REQUIREMENTS, "mlflow-server", make_server_environment, holds="bin/python") / "bin" / "python"
+    )
 
 
 @pytest.fixture(scope="module")
