@@ -146,7 +146,7 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
         assert "broadcast on" not in output, "no collectives with nodes that disagree"
 
 
-def test_bench_without_matplotlib_on_the_master_stops_before_any_check(monkeypatch, capsys):
+def test_bench_without_matplotlib_on_the_master_stops_before_the_processes_join(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
     options = ["--node-rank", "0", "--num-nodes", "2", "--nproc", "1", "--accelerator", "cpu", "--config", "none.yaml"]
     options += ["--timeout", "1", "--out-dir", "out", "--bench"]
