@@ -11,7 +11,6 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from training.fingerprint import config_items
 from training.mlflow_logger import MLFlowLogger
@@ -111,6 +110,9 @@ class RunRecord(SaveConfigCallback):
         nothing leaves the run's directory as it found it."""
         if (self.already_saved and trainer.state.fn == "fit") or not trainer.is_global_zero:
             return
+        # Here, not at the top: it imports most of TensorBoard (0.3 s of CPU), which no other rank needs.
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
         for logger in self.tensorboards(trainer):
             if not os.path.isdir(logger.log_dir):
                 continue
