@@ -6,6 +6,8 @@
 Every behaviour of a run is declared in configs/ddp.yaml; this file builds the CLI and reports a config mistake.
 """
 
+import atexit
+import gc
 import os
 import sys
 import warnings
@@ -96,5 +98,13 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
         sys.exit(1)
 
 
+def collect_and_freeze() -> None:
+    """Finalizes the garbage there is, then leaves every object to the end of the process: Python's exit would
+    collect over all of them, torch's, Lightning's and the parser's, about 0.7 s of CPU in every process."""
+    gc.collect()
+    gc.freeze()
+
+
 if __name__ == "__main__":
+    atexit.register(collect_and_freeze)
     main()
