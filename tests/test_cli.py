@@ -1,5 +1,7 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
+import sys
+
 import pytest
 import torch
 import yaml
@@ -8,7 +10,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from models import ToyModel
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, stopped_in_the_run
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
 from training.checks import refused_setting
 from training.combinations import devices_problem
 
@@ -20,6 +22,16 @@ def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
     assert result.trainer.global_step == 2
     assert torch.isfinite(result.trainer.callback_metrics["val/loss"])
     assert torch.get_float32_matmul_precision() == "medium"  # set for the process, before the Trainer
+
+
+def test_the_imports_leave_the_garbage_collector_on_and_what_they_made_frozen(tmp_path):
+    # cli.py turns the collector off for its imports: left off, a run would never free a reference cycle.
+    state = "import gc, cli; print(gc.isenabled(), gc.get_freeze_count())"
+    result = run_script([sys.executable, "-c", state], tmp_path)
+    assert result.returncode == 0, result.stderr
+    enabled, frozen = result.stdout.split()
+    assert enabled == "True"
+    assert int(frozen) > 100_000, "the objects torch and Lightning made are not frozen"
 
 
 def test_data_shapes_are_linked_into_the_model(run_cli):
