@@ -1,4 +1,5 @@
 from training.checkpoint_io import AtomicCheckpointIO
+from training.csv_logger import CSVLogger
 from training.early_stopping import StayStopped
 from training.elastic import GlobalBatch
 from training.mlflow_logger import MLFlowLogger
@@ -16,6 +17,7 @@ from training.unused_parameters import UnusedParameterCheck
 
 __all__ = [
     "AtomicCheckpointIO",
+    "CSVLogger",
     "DDPStrategy",
     "GlobalBatch",
     "MLFlowLogger",

@@ -9,6 +9,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.combinations import combination_problem, trainer_problem
+from training.csv_logger import logger_problem
 from training.mlflow_logger import mlflow_problem
 from training.parser import optimizer_problem
 from training.resume import checkpoint_problem
@@ -28,6 +29,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or trainer_problem(settings)
         or combination_problem(settings)
         or mlflow_problem(settings)
+        or logger_problem(settings)
     )
 
 
