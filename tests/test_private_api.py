@@ -68,7 +68,7 @@ def test_lightnings_csv_writer_still_deletes_the_metrics_it_finds_from_one_metho
     AppendingExperimentWriter(str(tmp_path))
     assert metrics.read_text() == "epoch,step\n0,0\n", moved("lightning", lightning.__version__, use)
     ExperimentWriter(str(tmp_path))
-    assert not metrics.exists(), "Lightning's writer keeps the file now: training/csv_logger.py may use it as it is"
+    assert not metrics.exists(), "Lightning's writer keeps the file now: training/run/csv_logger.py may use it as it is"
 
 
 class LogsAtBothLevels(BoringModel):
