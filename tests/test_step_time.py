@@ -235,6 +235,22 @@ def test_the_summary_gives_the_job_and_process_rates_and_the_shares_of_a_step():
     ]
 
 
+def test_one_process_logs_its_figures_beside_the_training_loss_and_ends_with_a_summary(run_cli, tmp_path, capsys):
+    train = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=9", "--trainer.limit_val_batches=0"]
+    run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *train, "--trainer.log_every_n_steps=3")
+    events = EventAccumulator(str(tmp_path / "logs" / "toy" / "default"))
+    events.Reload()
+    steps = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    # Written with the step's own metrics: the first log interval measured its steps after the first.
+    assert steps["train/loss"] == [2, 5, 8]
+    for part in ("data", "compute", "collective", "step"):
+        assert steps[f"timing/node0/{part}_ms"] == [2, 5, 8]
+    assert steps["timing/samples_per_s"] == [2, 5, 8]
+    err = capsys.readouterr().err
+    assert "Scaling summary: 1 process on 1 node trained " in err
+    assert "(collective waits included, not measured apart without DDP)" in err and "is the slow node" not in err
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

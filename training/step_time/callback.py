@@ -24,11 +24,12 @@ class StepTime(Callback):
     allreduce (a DDP communication hook around DDP's default one), with no synchronisation of its own in the step:
     on GPUs with CUDA events read a step or more later.
 
-    Every ``log_every_n_steps`` the processes gather their sums (one small all_gather) and global rank 0 logs each
-    node's mean milliseconds per step as ``timing/node<N>/{data,compute,collective,step}_ms`` and the job's
-    ``timing/samples_per_s``. When one node's data or compute time stays well above the others' over ``window``
-    steps, every node's log gets one paragraph naming it, once per episode. At the end of fit every node's log gets a
-    scaling summary: samples per second of the job and per process, and the shares of the step.
+    Every ``log_every_n_steps`` the processes gather their sums (one small all_gather), and each node's mean
+    milliseconds per step go to the loggers as ``timing/node<N>/{data,compute,collective,step}_ms`` with the job's
+    ``timing/samples_per_s`` (through ``self.log``, beside the training step's own metrics). When one node's data or
+    compute time stays well above the others' over ``window`` steps, every node's log gets one paragraph naming it,
+    once per episode. At the end of fit every node's log gets a scaling summary: samples per second of the job and
+    per process, and the shares of the step.
 
     Args:
         window: how many steps a node must stay slow before it is named (counted in whole log intervals).
@@ -71,7 +72,7 @@ class StepTime(Callback):
                 self.collectives = hook
             except RuntimeError:  # DDP takes one hook: the strategy's ddp_comm_hook is registered already
                 rank_zero_warn("StepTime counts collective waits as compute: the strategy has its own ddp_comm_hook.")
-        environment = trainer.strategy.cluster_environment
+        environment = getattr(trainer.strategy, "cluster_environment", None)  # None: one process, no group
         address = address_towards(environment.main_address, environment.main_port) if environment else ""
         mine = (trainer.node_rank, socket.gethostname(), address)
         everyone = [mine]
@@ -127,12 +128,12 @@ class StepTime(Callback):
         rows = self.gather(self.interval, pl_module.device)
         self.interval = [0.0] * len(FIELDS)
         figures = per_node(rows, self.nodes)
-        if trainer.is_global_zero and trainer.loggers:
-            metrics = {f"timing/node{n}/{k}_ms": f[k] for n, f in figures.items() for k in (*PARTS, "step")}
-            rates = [row[1] / sum(row[2:]) * 1e3 for row in rows if sum(row[2:]) > 0]
-            metrics["timing/samples_per_s"] = sum(rates)
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+        if not figures:  # an interval of first batches of an epoch: nothing measured
+            return
+        metrics = {f"timing/node{n}/{k}_ms": f[k] for n, f in figures.items() for k in (*PARTS, "step")}
+        metrics["timing/samples_per_s"] = sum(row[1] / sum(row[2:]) * 1e3 for row in rows if sum(row[2:]) > 0)
+        # Lightning writes them with the step's own metrics, to every logger, from global rank 0.
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         # Every process holds the same figures, so every node reaches the same verdict at the same step.
         finding = self.watch.add(trainer.log_every_n_steps, figures)
         if finding is not None and trainer.local_rank == 0:
