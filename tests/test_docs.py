@@ -53,7 +53,10 @@ def cli_commands() -> list[tuple[str, str]]:
     return commands
 
 
-COMMANDS = cli_commands()
+FIRST_PLACE = {}  # a command given on two pages is parsed once, named by where it comes first
+for where, command in cli_commands():
+    FIRST_PLACE.setdefault(command, where)
+COMMANDS = [(where, command) for command, where in FIRST_PLACE.items()]
 
 
 @pytest.fixture(scope="module")
