@@ -140,6 +140,16 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(path):
     assert broken == [], f"{path.relative_to(REPO)}: " + "; ".join(broken)
 
 
+@pytest.mark.parametrize("path", LINKED_DOCS, ids=[str(path.relative_to(REPO)) for path in LINKED_DOCS])
+def test_every_file_of_the_project_the_docs_name_exists(path):
+    # Code spans such as `training/run_lock.py` or `configs/elastic.yaml`: a moved or renamed file leaves them stale.
+    named = re.findall(
+        r"`((?:benchmarks|configs|data|models|scripts|tests|training)/[\w/.-]+\.(?:py|sh|yaml|sbatch|env))`",
+        path.read_text(),
+    )
+    assert sorted({name for name in named if not (REPO / name).is_file()}) == []
+
+
 def test_every_file_of_the_reading_order_exists():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("\n## Reading the code\n") :]
