@@ -29,7 +29,7 @@ def omegaconf_loader() -> Callable[[str], Any]:
 def stop_sigterm_broadcast(trainer: Trainer) -> bool:
     """Turn off the broadcast of Lightning's SIGTERM flag after every training batch; False where it moved.
 
-    training/preemption.py agrees on stopping once a second instead (its docstring says why); Lightning has
+    training/checkpoints/preemption.py agrees on stopping once a second instead (its docstring says why); Lightning has
     no setting for its own broadcast, which costs a short step on gloo a tenth of its time.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
@@ -42,7 +42,7 @@ def stop_sigterm_broadcast(trainer: Trainer) -> bool:
 def attach_mlflow_run(logger: MLFlowLogger, run_id: str) -> None:
     """Make Lightning's MLFlowLogger log to the existing MLflow run ``run_id`` instead of creating one.
 
-    training/mlflow_logger.py finds the run of a run id on the logger's first use, on global rank 0 once the
+    training/run/mlflow_logger.py finds the run of a run id on the logger's first use, on global rank 0 once the
     processes started; Lightning takes an existing run only as the constructor's ``run_id``, which every process
     (and node) builds before it knows its rank, and which would make them all talk to the server.
     """
@@ -54,9 +54,9 @@ def logged_names(trainer: Trainer) -> set[str]:
     ``trainer.callback_metrics`` once Lightning has computed it: ``name``, and ``name_step``/``name_epoch`` for a
     value logged at both levels.
 
-    training/monitor_check.py needs them in the first training step, when ``callback_metrics`` holds the values of
-    the step only: a value logged with ``on_epoch=True`` alone appears there at the epoch's end. Lightning keeps
-    every logged value's settings in the loop's result collection, ``trainer._results``, public in no other way.
+    training/callbacks/monitor_check.py needs them in the first training step, when ``callback_metrics`` holds the
+    values of the step only: a value logged with ``on_epoch=True`` alone appears there at the epoch's end. Lightning
+    keeps every logged value's settings in the loop's result collection, ``trainer._results``, public in no other way.
     """
     names = set()
     for result in (trainer._results or {}).values():

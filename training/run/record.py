@@ -12,8 +12,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from training.fingerprint import config_items
-from training.mlflow_logger import MLFlowLogger
+from training.job.fingerprint import config_items
+from training.run.mlflow_logger import MLFlowLogger
 
 PER_NODE = ("num_nodes", "devices")  # left out of config_items, which the nodes compare
 

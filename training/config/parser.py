@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
-from training.config_loader import environment_source
+from training.config.loader import environment_source
 
 NOISE = re.compile(
     r"Does not validate against any of the (Union subtypes|types in .*)|Subtypes: .*|Errors:|Given value type: .*|"
