@@ -9,6 +9,7 @@ from training.checkpoints.resume import ResumeReport
 from training.checkpoints.rng_state import RNGStateCheckpoint
 from training.job.elastic import GlobalBatch
 from training.job.startup import StartupError
+from training.run.csv_logger import CSVLogger
 from training.run.lock import RunLock
 from training.run.mlflow_logger import MLFlowLogger
 from training.run.profiler import ScheduledProfiler
@@ -16,6 +17,7 @@ from training.strategy import DDPStrategy
 
 __all__ = [
     "AtomicCheckpointIO",
+    "CSVLogger",
     "DDPStrategy",
     "GlobalBatch",
     "MLFlowLogger",

@@ -12,6 +12,7 @@ from typing import Any
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
@@ -66,3 +67,14 @@ def logged_names(trainer: Trainer) -> set[str]:
         levels = [on_step for on_step, logged in ((True, meta.on_step), (False, meta.on_epoch)) if logged]
         names |= {meta.name + suffix} | {meta.forked_name(on_step) + suffix for on_step in levels}
     return names
+
+
+class AppendingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV experiment writer, keeping the ``metrics.csv`` it finds in its directory.
+
+    training/run/csv_logger.py continues a run's metrics.csv across attempts; Lightning's writer deletes the file from
+    its constructor, in ``_check_log_dir_exists``, and no argument turns that off.
+    """
+
+    def _check_log_dir_exists(self) -> None:
+        """Keep the file: the logger appends to it."""
