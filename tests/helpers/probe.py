@@ -320,20 +320,28 @@ class SlowLoader(Callback):
 
 
 class CudaSyncCount(Callback):
-    """Counts the calls of ``torch.cuda.synchronize`` while training runs and writes them to ``out`` (JSON), with the
-    clock training.StepTime timed the steps with."""
+    """Counts the calls of ``torch.cuda.synchronize`` in training steps (from this callback's
+    ``on_train_batch_start`` to its ``on_train_batch_end``, which runs after those of the config's callbacks) and
+    writes them to ``out`` (JSON) at the end, with the clocks training.StepTime timed the steps with."""
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
         self.calls = 0
+        self.in_step = False
         self.synchronize = torch.cuda.synchronize
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         def counted(*args, **kwargs):
-            self.calls += 1
+            self.calls += self.in_step
             return self.synchronize(*args, **kwargs)
 
         torch.cuda.synchronize = counted
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.in_step = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self.in_step = False
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         torch.cuda.synchronize = self.synchronize
