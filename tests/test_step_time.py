@@ -15,6 +15,7 @@ import torch.distributed as dist
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, finish, launch, needs_gpus, run_script
+from training.step_time.callback import samples_in
 from training.step_time.clocks import CollectiveWait, CpuClock, Step
 from training.step_time.figures import Node, SlowNodeWatch, paragraph, per_node, summary
 
@@ -159,6 +160,19 @@ def test_the_hook_reduces_gradients_as_ddp_does_and_stamps_the_last_bucket(tmp_p
             assert torch.allclose(parameter.grad, gradient)
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("batch", "samples"),
+    [
+        ((torch.zeros(7, 3), torch.zeros(7)), 7),
+        (torch.zeros(5, 2), 5),
+        ({"source": torch.zeros(4, 9), "target": torch.zeros(4, 3)}, 4),
+        (["no", "tensor"], 0),
+    ],
+)
+def test_a_steps_samples_are_the_length_of_its_batchs_first_tensor(batch, samples):
+    assert samples_in(batch) == samples
 
 
 def test_per_node_figures_are_the_mean_of_their_processes():

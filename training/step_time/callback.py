@@ -64,7 +64,8 @@ class StepTime(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
         self.watch = SlowNodeWatch(self.window, self.slower_by, self.min_share)
-        self.collectives = None
+        self.collectives, self.pending, self.previous_end, self.batches = None, [], None, 0
+        self.interval, self.total = [0.0] * len(FIELDS), [0.0] * len(FIELDS)
         if isinstance(trainer.strategy.model, DistributedDataParallel):
             hook = CollectiveWait(self.clock)
             try:
