@@ -27,7 +27,7 @@ from training.checks import config_problem, instantiation_problem, refused_setti
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser
-from training.resume import past_end, resume_path
+from training.resume import resume_path, start_problem
 from training.run_record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -79,10 +79,14 @@ class CLI(LightningCLI):
             config.ckpt_path = resume_path(trainer, config.ckpt_path)
         return trainer
 
-    def before_fit(self) -> None:
-        # Runs in the launching process: a run past its end stops here, before any other process starts.
-        if problem := past_end(self.trainer, self.config_init.fit.ckpt_path, self.config.fit.weights_only):
+    def check_start(self) -> None:
+        # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
+        # weights stops here, before any other process starts.
+        config = self.config[self.subcommand]
+        if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
+
+    before_fit = before_validate = before_test = before_predict = check_start
 
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:

@@ -114,13 +114,24 @@ def test_subcommands_run_from_a_saved_checkpoint_and_log_apart_from_the_training
         assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
 
 
-def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
-    run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
+def test_predict_without_a_checkpoint_is_refused_unless_untrained_weights_are_asked_for(
+    run_cli, capsys, caplog, tmp_path
+):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
+    assert exit_.value.code == 2
     run = tmp_path / "logs" / "toy" / "default"
+    err = capsys.readouterr().err
     assert (
-        f"Predicting with untrained weights: no --ckpt_path was given and {run / 'checkpoints'} holds no last.ckpt"
-        in (caplog.text)
+        f"error: nothing to predict with: {run / 'checkpoints'} holds no last.ckpt and --ckpt_path names no other "
+        "checkpoint, so the model's weights are untrained and its predictions random." in err
     )
+    assert "give --ckpt_path untrained to predict with untrained weights on purpose. Nothing was written." in err
+    assert "Traceback" not in err and not (tmp_path / "logs").exists()
+
+    run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", "untrained")
+    told = f"Predicting with untrained weights: no checkpoint was loaded, {run / 'checkpoints'} holds no last.ckpt."
+    assert told in caplog.text
     assert torch.load(run / "predictions.pt").shape == (1024, 8)
 
 
