@@ -24,6 +24,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy
 from training.checks import config_problem, instantiation_problem, refused_setting
+from training.combinations import cores_warning
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
 from training.parser import Parser
@@ -59,6 +60,9 @@ class CLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
+        # Said once per node, by the process that starts the others: the run goes on.
+        if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and local_rank_zero():
+            print(f"warning: {warning}", file=sys.stderr)
 
     def before_instantiate_classes(self) -> None:
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
@@ -89,6 +93,10 @@ class CLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = check_start
 
 
+def local_rank_zero() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0"
+
+
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     """Parse ``args`` (default: the command line) and run its subcommand with ``cli``."""
     use_omegaconf_loader()
@@ -106,7 +114,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
+        if local_rank_zero():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 

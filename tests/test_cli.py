@@ -1,5 +1,6 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
+import os
 import sys
 
 import pytest
@@ -9,6 +10,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import cli
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
 from training.checks import refused_setting
@@ -133,6 +135,32 @@ def test_predict_without_a_checkpoint_is_refused_unless_untrained_weights_are_as
     told = f"Predicting with untrained weights: no checkpoint was loaded, {run / 'checkpoints'} holds no last.ckpt."
     assert told in caplog.text
     assert torch.load(run / "predictions.pt").shape == (1024, 8)
+
+
+class StopAfterParsing(cli.CLI):
+    def before_instantiate_classes(self) -> None:
+        raise SystemExit(0)
+
+
+def test_more_cpu_processes_than_cores_are_warned_of_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for devices, warned in (3, True), (2, False):
+        with pytest.raises(SystemExit):
+            cli.main(
+                ["fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", f"--trainer.devices={devices}"], StopAfterParsing
+            )
+        err = capsys.readouterr().err
+        told = (
+            "warning: trainer.devices=3 starts 3 training processes on this node, which gives them 2 CPU cores: they "
+            "take turns on the cores, so each step is slower than with one process per core. Set trainer.devices to "
+            "at most 2 for a core each."
+        )
+        assert (told in err) == warned, err
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a process Lightning started: its node has heard it already
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=3"], StopAfterParsing)
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_the_progress_bar_shows_the_run_id_whole(run_cli, monkeypatch):
