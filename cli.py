@@ -89,6 +89,10 @@ class CLI(LightningCLI):
         config = self.config[self.subcommand]
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
+        # A data module may say what it cannot feed this many processes (data.Seq2SeqDataModule does).
+        check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
+        if check is not None and (problem := check(self.trainer.world_size)):
+            self.parser.error(problem)
 
     before_fit = before_validate = before_test = before_predict = check_start
 
