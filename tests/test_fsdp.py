@@ -120,7 +120,7 @@ def test_fsdp_on_cpu_stops_before_training_saying_it_needs_gpus_and_what_runs_on
 
 def fit_then_reload_a_sharded_checkpoint(workdir: Path, processes: int, *args: str, name: str = "toy") -> None:
     """Train, check the sharded checkpoint directory, then validate from it and resume from it."""
-    probe = ["--trainer.callbacks+=tests.probe.MetricProbe", f"--trainer.callbacks.out_dir={workdir / 'probe'}"]
+    probe = ["--trainer.callbacks+=tests.helpers.probe.MetricProbe", f"--trainer.callbacks.out_dir={workdir / 'probe'}"]
     common = ["-c", DDP_YAML, "-c", str(FSDP_YAML), "--trainer.accelerator=gpu", f"--trainer.devices={processes}"]
     common += args
     cli = str(REPO / "cli.py")

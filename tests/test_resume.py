@@ -9,8 +9,8 @@ import torch.distributed as dist
 import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
-from training.fingerprint import code_digest, imported_code
-from training.resume import checkpoint_problem, start_problem
+from training.checkpoints.resume import checkpoint_problem, start_problem
+from training.job.fingerprint import code_digest, imported_code
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from training.checkpoint_file import size_text
-from training.storage import parent
+from training.checkpoints.contents import size_text
+from training.run.storage import parent
 
 
 class CheckpointSpaceError(OSError):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from training.storage import shown
+from training.run.storage import shown
 
 ZIP_START = b"PK\x03\x04"  # torch.save writes a zip archive: its first four bytes
 

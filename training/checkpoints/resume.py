@@ -15,8 +15,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from training.checkpoint_file import counters
-from training.storage import is_remote, parent, shown
+from training.checkpoints.contents import counters
+from training.run.storage import is_remote, parent, shown
 
 # --ckpt_path untrained: validate, test or predict with the model's untrained weights on purpose.
 UNTRAINED = "untrained"
