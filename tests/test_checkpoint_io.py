@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import multiprocessing.synchronize
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks import checkpoint_save
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, free_port, launch, run_script
 from training.checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSpaceError
 from training.config.trainer_settings import combination_problem
 
@@ -179,25 +180,38 @@ def small_disk(tmp_path):
 
 @pytest.mark.distributed
 def test_a_full_disk_stops_the_job_with_one_paragraph_and_the_same_command_resumes_exactly(tmp_path, small_disk):
-    fit = [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=2"]
-    fit += ["--trainer.max_epochs=5", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
+    epochs = ["--trainer.max_epochs=5", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
+    fit = [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=2", *epochs]
     reference = run_script([*fit, f"--trainer.logger.init_args.save_dir={tmp_path / 'big'}"], cwd=tmp_path)
     assert reference.returncode == 0, reference.stdout + reference.stderr
-    on_small_disk = [*fit, f"--trainer.logger.init_args.save_dir={small_disk}"]
 
-    full = run_script(on_small_disk, cwd=tmp_path)
-    assert full.returncode == 1, full.stdout + full.stderr
+    # The same job as two nodes of one process each: global rank 0, which writes, on node 0.
+    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
+    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2"}
+    job = [*epochs, f"--trainer.logger.init_args.save_dir={small_disk}"]
+
+    def run_both(attempt: str) -> list[tuple[int, str]]:
+        logs = [tmp_path / f"{attempt}-node{rank}.log" for rank in range(2)]  # a pipe nobody reads could fill
+        worker, master = (launch(nodes[rank], "cpu:1", rank, *job, log=logs[rank], **settings) for rank in (1, 0))
+        return [(process.wait(600), log.read_text()) for process, log in zip((master, worker), logs, strict=True)]
+
+    (master_exit, master), (worker_exit, worker) = run_both("full")
+    assert master_exit == worker_exit == 1, master + worker
     checkpoints = small_disk / "toy" / "default" / "checkpoints"
-    paragraph = full.stderr.strip().splitlines()[-1]
+    (paragraph,) = [line for line in master.splitlines() if line.startswith("error: ")]
     assert re.fullmatch(
         rf"error: the checkpoint {checkpoints}/epoch\d+-val_loss[\d.]+\.ckpt could not be saved: the disk of "
         rf"{checkpoints} is full\. The checkpoint needs 96 KB and \d+ KB of the disk's 300 KB is free; .* then run "
         r"the same command: it resumes from the run's last\.ckpt\.",
         paragraph,
     ), paragraph
-    output = full.stdout + full.stderr
-    assert output.count("could not be saved") == 1, output  # once: the other process stopped with it, silently
-    assert "Traceback" not in output and "Exception raised from" not in output, output
+    (told,) = [line for line in worker.splitlines() if line.startswith("error: ")]
+    assert (
+        told
+        == f"error: this node stopped with global rank 0, on node 0 ({socket.gethostname()}), where {paragraph[7:]}"
+    )
+    for output in master, worker:
+        assert "Traceback" not in output and "Exception raised from" not in output, output
     kept = sorted(path.name for path in checkpoints.iterdir())
     assert "last.ckpt" in kept and len(kept) == 2 and not any(name.endswith(".partial") for name in kept), kept
     for name in kept:  # the best one too: its removal waited for its replacement, which failed
@@ -205,9 +219,9 @@ def test_a_full_disk_stops_the_job_with_one_paragraph_and_the_same_command_resum
 
     (checkpoints / ".last.ckpt.partial").write_bytes(b"what a kill during a save leaves")
     subprocess.run(["mount", "-o", "remount,size=2m", str(small_disk)], check=True)  # space freed
-    resumed = run_script(on_small_disk, cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "Resuming from" in resumed.stdout + resumed.stderr
+    (master_exit, master), (worker_exit, worker) = run_both("resumed")
+    assert master_exit == worker_exit == 0, master + worker
+    assert "Resuming from" in master
     assert not list(checkpoints.glob(".*.partial")), "the next attempt left an earlier attempt's .partial file"
     ended = torch.load(checkpoints / "last.ckpt", weights_only=True)
     expected = torch.load(tmp_path / "big" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)
