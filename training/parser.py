@@ -11,7 +11,9 @@ an upgrade changes the report.
 import difflib
 import importlib
 import inspect
+import os
 import re
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -35,6 +37,7 @@ SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedA
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
 MODULES_REQUIRED = re.compile(r"arguments are required: (\w+\.)?(model|data)\b")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
 LAYERING = {
@@ -70,6 +73,20 @@ def closest_class(module: str, name: str) -> str | None:
     return next(iter(difflib.get_close_matches(name, classes, n=1, cutoff=0.6)), None)
 
 
+def closest_file(path: str) -> str | None:
+    """The file beside the missing ``path`` whose name is closest to its name (``ddp.yaml`` for ``ddp.yml``), as
+    a path from the working directory where it is under it, or None."""
+    missing = Path(path)
+    if not missing.parent.is_dir():
+        return None
+    names = [entry.name for entry in missing.parent.iterdir() if entry.is_file()]
+    closest = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.6)
+    if not closest:
+        return None
+    found = missing.parent / closest[0]
+    return os.path.relpath(found) if found.is_relative_to(Path.cwd()) else str(found)
+
+
 def concise(message: str) -> str:
     """jsonargparse's ``message`` as one paragraph: what is wrong, and for a misspelt argument or class, what is
     right."""
@@ -90,6 +107,9 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    for path in dict.fromkeys(MISSING_FILE.findall(message)):
+        if closest := closest_file(path):
+            hints[path] = f"Did you mean {closest}?"
     layering = {marker: hint for marker, hint in LAYERING.items() if marker in paragraph and hint not in message}
     if not MODULES_REQUIRED.search(paragraph):  # an argument a class requires, not the model a feature file lacks
         layering.pop("the following arguments are required: ", None)
