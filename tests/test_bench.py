@@ -26,7 +26,7 @@ def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     # By its path, as a user runs a script, and without the repo on PYTHONPATH.
     command = [sys.executable, "benchmarks/bench.py", "--quick", "--out", str(out)]
-    result = run_script(command, cwd=REPO, env={"PYTHONPATH": charts_path()}, timeout=1800)
+    result = run_script(command, cwd=REPO, env={"PYTHONPATH": charts_path()}, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((out / "bench.json").read_text()), result.stdout, out
 
@@ -264,7 +264,7 @@ def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch,
 @needs_gpus(1)
 def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--accelerator", "gpu", "--out", str(tmp_path)]
-    result = run_script(command, cwd=REPO, env=with_charts(), timeout=1800)
+    result = run_script(command, cwd=REPO, env=with_charts(), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((tmp_path / "bench.json").read_text())
     device = torch.cuda.get_device_name(0)

@@ -104,6 +104,16 @@ def handshake(
     return Roster([Member(**member) for member in verdict["members"]], verdict["problems"])
 
 
+def refuse(store: Store, error: str, expected: int, timeout: timedelta) -> None:
+    """Global rank 0's verdict before the others report: each process that reports gets ``error`` from
+    ``handshake`` as a StartupError, at once, and stops with it. Returns once ``expected`` processes have read it,
+    or after ``timeout``; the store (this process's) must stay up until then."""
+    store.set(f"{PREFIX}/verdict", json.dumps({"error": error}))
+    deadline = time.monotonic() + timeout.total_seconds()
+    while store.add(f"{PREFIX}/read", 0) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _await_verdict(store: Store, me: Member, expected: int, timeout: timedelta, address: str) -> None:
     """Wait for global rank 0's verdict; the first process of a node says how many have joined meanwhile."""
     report = WaitReport() if me.local_rank == 0 else None
