@@ -68,7 +68,7 @@ def test_the_raw_loop_ends_every_time(busy_core):
 @pytest.mark.distributed
 def test_the_doctors_processes_end_every_time(busy_core, tmp_path, monkeypatch):
     from scripts.doctor import process
-    from training.fingerprint import config_items
+    from training.job.fingerprint import config_items
 
     config = config_items(yaml.safe_load(Path(DDP_YAML).read_text()))
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
