@@ -1,6 +1,6 @@
 """Processes that formed a process group leave it without hanging: the ranks of benchmarks/raw_ddp.py and of the
 doctor, each exit run many times over with the other core busy. Freed in the wrong order, a gloo group's last
-reference went with the GIL held while its worker thread needed the GIL: about one exit in seven hung here."""
+reference went with the GIL held while its worker thread needed the GIL, and the process hung."""
 
 import argparse
 import subprocess
