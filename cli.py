@@ -12,7 +12,6 @@ import gc
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import os
 import sys
 import warnings
 from typing import Any
@@ -26,6 +25,7 @@ from training import DDPStrategy
 from training.checks import config_problem, instantiation_problem, refused_setting
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
+from training.node_processes import speaks_for_node
 from training.parser import Parser
 from training.resume import past_end, resume_path
 from training.run_record import RunRecord, name_the_logger
@@ -102,7 +102,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
+        if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 

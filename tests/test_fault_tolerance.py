@@ -52,7 +52,10 @@ def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_
     monkeypatch.setattr("training.preemption.time.monotonic", lambda: clock[0])
     epoch_loop = SimpleNamespace(_broadcast_sigterm_tensor=None)
     trainer = SimpleNamespace(
-        world_size=1, fit_loop=SimpleNamespace(epoch_loop=epoch_loop), strategy=SimpleNamespace(launcher=None)
+        world_size=1,
+        fit_loop=SimpleNamespace(epoch_loop=epoch_loop),
+        strategy=SimpleNamespace(launcher=None),
+        received_sigterm=False,
     )
     callback = PreemptionCheckpoint()
     callback.on_train_start(trainer, None)

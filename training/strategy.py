@@ -5,6 +5,7 @@ import atexit
 import os
 import signal
 import socket
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -18,13 +19,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
-from training import lost_peer
+from training import lost_peer, node_processes
 from training.checkpoint_agreement import loads_problem, model_mismatch
 from training.elastic import nodes_present
 from training.fingerprint import checkpoint_fact, code_digest
 from training.job_store import connect
 from training.liveness import Liveness
-from training.startup import Member, StartupError, handshake
+from training.node_processes import NodeProcesses
+from training.private_api import watch_started_processes
+from training.startup import Member, StartupError, Stopped, handshake
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -73,6 +76,10 @@ class DDPStrategy(LightningDDPStrategy):
         self.checkpoint_problem = ""
         # Read before Lightning's launcher sets it: given by the user, it means the processes are started outside.
         self.local_rank_given = os.environ.get("LOCAL_RANK")
+        if self.local_rank_given is None:
+            node_processes.mark_as_starter()
+        watch_started_processes(node_processes.watch)
+        self.sigterm_before: Any = None  # the SIGTERM handler this process had before the job started
 
     @property
     def num_nodes(self) -> int:
@@ -90,10 +97,16 @@ class DDPStrategy(LightningDDPStrategy):
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
         self.set_world_ranks()
         if self.world_size > 1 and not dist.is_initialized():
+            self._stop_on_sigterm()
             backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+            store = self._join()
+            # Before the process group forms: a process that dies while the others wait for it there is named
+            # within peer_timeout, not after the collective timeout.
+            self.liveness = self._liveness()
+            self.liveness.start()
             dist.init_process_group(
                 backend,
-                store=self._join(),
+                store=store,
                 rank=self.global_rank,
                 world_size=self.world_size,
                 timeout=self.timeout,
@@ -102,9 +115,31 @@ class DDPStrategy(LightningDDPStrategy):
             if backend == "nccl":
                 atexit.register(leave_process_group)
             rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
-            self.liveness = self._liveness()
-            self.liveness.start()
         super().setup_distributed()
+
+    def _stop_on_sigterm(self) -> None:
+        # Until training starts (Lightning's handler and training.PreemptionCheckpoint's take over), SIGTERM stops
+        # the job with a paragraph instead of ending the process without a word.
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum: int, frame: Any) -> None:
+            signal.signal(signum, self.sigterm_before)  # a second signal is not caught
+            self.sigterm_before = None
+            if self.launcher is not None:  # the processes it started on this node
+                self.launcher.kill(signum)
+            raise Stopped(
+                f"node {self.node_rank} ({socket.gethostname()}) was stopped by a signal "
+                f"({signal.Signals(signum).name}) before training started: nothing was trained and no checkpoint "
+                "was written. Run the same command again (on every node) to start the job."
+            )
+
+        self.sigterm_before = signal.signal(signal.SIGTERM, stop)
+
+    def _restore_sigterm(self) -> None:
+        if self.sigterm_before is not None:
+            signal.signal(signal.SIGTERM, self.sigterm_before)
+            self.sigterm_before = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -131,6 +166,7 @@ class DDPStrategy(LightningDDPStrategy):
         self.liveness.errored(exception)
 
     def teardown(self) -> None:
+        self._restore_sigterm()
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
@@ -163,11 +199,12 @@ class DDPStrategy(LightningDDPStrategy):
         if problem := loads_problem(everyone, trainer.ckpt_path):
             raise StartupError(problem)
         super().setup(trainer)
+        self._restore_sigterm()
 
     def _join(self) -> Store:
         environment = self.cluster_environment
         host, port = environment.main_address, environment.main_port
-        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}")
+        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned)
         me = Member(
             node_rank=self.node_rank,
             local_rank=self.local_rank,
@@ -193,6 +230,7 @@ class DDPStrategy(LightningDDPStrategy):
                 address=f"{host}:{port}",
                 leader=self.global_rank == 0,
                 advice=self._started_outside_advice(),
+                abandoned=self._abandoned,
             )
         except StartupError:
             # The processes Lightning started on this node may still be importing: they would only wait
@@ -203,6 +241,19 @@ class DDPStrategy(LightningDDPStrategy):
         hosts = dict.fromkeys(member.where for member in roster.members)
         rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
+
+    def _node_processes(self) -> NodeProcesses:
+        return NodeProcesses(f"node {self.node_rank} ({socket.gethostname()})", self.node_rank * self.num_processes)
+
+    def _abandoned(self) -> str:
+        """Why this process stops waiting for the job to start: a process of its node ended meanwhile."""
+        node = self._node_processes()
+        if ended := node.ended() or node.starter_ended():
+            return (
+                f"the job cannot start: {ended} before every process joined. Nothing was trained: run the same "
+                "command again (on every node) to start the job."
+            )
+        return ""
 
     def _started_outside_advice(self) -> str:
         # A LOCAL_RANK left in a shell (hand-written launch scripts export it) makes Lightning start no process
@@ -226,6 +277,7 @@ class DDPStrategy(LightningDDPStrategy):
             self.timeout,
             self._progress,
             announce=self.local_rank == 0,
+            node=self._node_processes(),
         )
 
     def _progress(self) -> tuple[int, int] | None:
