@@ -52,8 +52,8 @@ def waiting(
     ]
     absent = [str(node) for node in range(num_nodes) if node not in nodes]
     missing = (
-        f"; node rank{'s' if len(absent) > 1 else ''} {', '.join(absent)} not yet (num_nodes={num_nodes}: too many "
-        "for this job? set trainer.num_nodes or NUM_NODES)"
+        f"; node rank{'s' if len(absent) > 1 else ''} {', '.join(absent)} not yet (the job has num_nodes={num_nodes}: "
+        "for fewer nodes, set trainer.num_nodes or NUM_NODES)"
         if absent
         else ""
     )

@@ -115,6 +115,15 @@ class NodeProcesses:
             "ended (its output above says why, or it was killed)"
         )
 
+    def abandoned(self) -> str:
+        """Why a process of a starting job stops waiting for the others: a process of its node ended."""
+        if ended := self.ended() or self.starter_ended():
+            return (
+                f"the job cannot start: {ended} before every process joined. Nothing was trained: run the same "
+                "command again (on every node) to start the job."
+            )
+        return ""
+
     def stop_started(self) -> None:
         """End the processes this one started, as it ends the job: they would only stop later, with no more to say."""
         for started in WATCHES:

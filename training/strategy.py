@@ -2,10 +2,12 @@
 explains a job that lost a node."""
 
 import atexit
+import gc
 import os
 import signal
 import socket
-import threading
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +29,8 @@ from training.job_store import connect
 from training.liveness import Liveness
 from training.node_processes import NodeProcesses
 from training.private_api import watch_started_processes
-from training.startup import Member, StartupError, Stopped, handshake
+from training.startup import Member, StartupError, handshake
+from training.stop_signal import StopBeforeTraining
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -79,7 +82,8 @@ class DDPStrategy(LightningDDPStrategy):
         if self.local_rank_given is None:
             node_processes.mark_as_starter()
         watch_started_processes(node_processes.watch)
-        self.sigterm_before: Any = None  # the SIGTERM handler this process had before the job started
+        self.stop_before_training = StopBeforeTraining()
+        self.wrapper: Callable[[], Any] = lambda: None  # the DDP wrapper, while it lives
 
     @property
     def num_nodes(self) -> int:
@@ -97,7 +101,7 @@ class DDPStrategy(LightningDDPStrategy):
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
         self.set_world_ranks()
         if self.world_size > 1 and not dist.is_initialized():
-            self._stop_on_sigterm()
+            self.stop_before_training.start(self._where, self._pass_on)
             backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
             store = self._join()
             # Before the process group forms: a process that dies while the others wait for it there is named
@@ -112,34 +116,9 @@ class DDPStrategy(LightningDDPStrategy):
                 timeout=self.timeout,
                 device_id=self.root_device if self.root_device.type != "cpu" else None,
             )
-            if backend == "nccl":
-                atexit.register(leave_process_group)
+            atexit.register(leave_process_group, lambda: self.wrapper())
             rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
         super().setup_distributed()
-
-    def _stop_on_sigterm(self) -> None:
-        # Until training starts (Lightning's handler and training.PreemptionCheckpoint's take over), SIGTERM stops
-        # the job with a paragraph instead of ending the process without a word.
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def stop(signum: int, frame: Any) -> None:
-            signal.signal(signum, self.sigterm_before)  # a second signal is not caught
-            self.sigterm_before = None
-            if self.launcher is not None:  # the processes it started on this node
-                self.launcher.kill(signum)
-            raise Stopped(
-                f"node {self.node_rank} ({socket.gethostname()}) was stopped by a signal "
-                f"({signal.Signals(signum).name}) before training started: nothing was trained and no checkpoint "
-                "was written. Run the same command again (on every node) to start the job."
-            )
-
-        self.sigterm_before = signal.signal(signal.SIGTERM, stop)
-
-    def _restore_sigterm(self) -> None:
-        if self.sigterm_before is not None:
-            signal.signal(signal.SIGTERM, self.sigterm_before)
-            self.sigterm_before = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -165,12 +144,18 @@ class DDPStrategy(LightningDDPStrategy):
             self.liveness.stop_job(paragraph)
         self.liveness.errored(exception)
 
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        self.wrapper = weakref.ref(self.model)
+
     def teardown(self) -> None:
-        self._restore_sigterm()
+        self.stop_before_training.end()
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
-        super().teardown()
+        super().teardown()  # Lightning unwraps the model: the DDP wrapper goes, while the process group lives on
+        if self.wrapper() is not None:  # held in a reference cycle
+            gc.collect()
 
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         # Reported in setup() by every process at once: a process that raised here alone would leave the
@@ -199,7 +184,7 @@ class DDPStrategy(LightningDDPStrategy):
         if problem := loads_problem(everyone, trainer.ckpt_path):
             raise StartupError(problem)
         super().setup(trainer)
-        self._restore_sigterm()
+        self.stop_before_training.end()
 
     def _join(self) -> Store:
         environment = self.cluster_environment
@@ -242,18 +227,18 @@ class DDPStrategy(LightningDDPStrategy):
         rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
 
+    def _pass_on(self, signum: int) -> None:
+        if self.launcher is not None:  # to the processes it started on this node
+            self.launcher.kill(signum)
+
+    def _where(self) -> str:
+        return f"node {self.node_rank} ({socket.gethostname()})"
+
     def _node_processes(self) -> NodeProcesses:
-        return NodeProcesses(f"node {self.node_rank} ({socket.gethostname()})", self.node_rank * self.num_processes)
+        return NodeProcesses(self._where(), self.node_rank * self.num_processes)
 
     def _abandoned(self) -> str:
-        """Why this process stops waiting for the job to start: a process of its node ended meanwhile."""
-        node = self._node_processes()
-        if ended := node.ended() or node.starter_ended():
-            return (
-                f"the job cannot start: {ended} before every process joined. Nothing was trained: run the same "
-                "command again (on every node) to start the job."
-            )
-        return ""
+        return self._node_processes().abandoned()
 
     def _started_outside_advice(self) -> str:
         # A LOCAL_RANK left in a shell (hand-written launch scripts export it) makes Lightning start no process
@@ -285,7 +270,15 @@ class DDPStrategy(LightningDDPStrategy):
         return (trainer.current_epoch, trainer.global_step) if trainer is not None else None
 
 
-def leave_process_group() -> None:
-    """At exit: torch warns of an NCCL process group that was never destroyed."""
-    if dist.is_initialized():
+def leave_process_group(wrapper: Callable[[], Any]) -> None:
+    """At exit, destroy the process group (torch warns of an NCCL one left), unless the DDP ``wrapper`` still lives.
+
+    The wrapper must go first: its Reducer is freed with the GIL held, and were it the group's last holder, the
+    group's destructor would join gloo's worker threads, which may need the GIL to free a finished all-reduce, and
+    the process would never end. A wrapper something still holds (the traceback of an error in its forward) is
+    freed as Python ends, before the group, which the process group registry holds until then.
+    """
+    if wrapper() is not None:
+        gc.collect()
+    if dist.is_initialized() and wrapper() is None:
         dist.destroy_process_group()
