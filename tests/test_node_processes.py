@@ -89,7 +89,7 @@ def test_rank_0_killed_while_the_job_starts_stops_rank_1_at_once_saying_why(kill
 def killed_in_training(workdir: Path, victim: int) -> dict:
     hold = workdir / "hold"
     args = ["--trainer.max_epochs=1", "--data.init_args.num_train=1024", "--trainer.logger=false"]
-    args += ["--trainer.callbacks+=tests.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
+    args += ["--trainer.callbacks+=tests.helpers.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
     zero = start(workdir, *args, f"--trainer.callbacks.hold_file={hold}")
     hold.touch()
     one = rank_one(workdir, zero)

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from training.startup import Stopped
+from training.job.startup import Stopped
 
 
 class StopBeforeTraining:

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
-from training.join_progress import WaitReport, waited_of
-from training.startup import StartupError
+from training.job.join_progress import WaitReport, waited_of
+from training.job.startup import StartupError
 
 
 def connect(

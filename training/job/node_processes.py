@@ -1,7 +1,8 @@
 """The processes of one node that Lightning starts, and what each knows when another of them ends.
 
 The command's own process (local rank 0) starts the node's others and is their parent: it sees at once when one of
-them ends, and how; they see at once when it ends. A peer on another node only falls silent (training/liveness.py).
+them ends, and how; they see at once when it ends. A peer on another node only falls silent
+(training/heartbeat/liveness.py).
 
 Lightning's launcher has a watch of its own over the processes it started: up to 5 s after one ended with an error,
 it SIGKILLs every process of the node, the one that started them included, before any can say what happened.

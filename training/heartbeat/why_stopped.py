@@ -1,6 +1,6 @@
 """The paragraphs that explain a job stopped by a lost peer, a failed peer or a collective that timed out.
 
-A heartbeat (training/liveness.py) is a dict: ``rank``, ``node``, ``local``, ``host``, ``address``, ``state``
+A heartbeat (training/heartbeat/liveness.py) is a dict: ``rank``, ``node``, ``local``, ``host``, ``address``, ``state``
 and, from global rank 0, the last complete ``checkpoint``.
 """
 
@@ -97,7 +97,7 @@ def peer_failed(beat: dict[str, Any], error: str, tail: str) -> str:
 
 
 def process_ended(what: str, tail: str) -> str:
-    """``what``: a process of this node that ended, and how (training/node_processes.py)."""
+    """``what``: a process of this node that ended, and how (training/job/node_processes.py)."""
     return f"the job stopped: {what}, and the rest of the job stopped with it. {tail}"
 
 
