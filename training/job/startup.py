@@ -105,6 +105,7 @@ def handshake(
     except StartupError as error:
         with contextlib.suppress(RuntimeError):  # the leader stops the job with this process's words
             store.set(f"{PREFIX}/abandoned", str(error))
+            store.add(f"{PREFIX}/read", 1)  # it knows the verdict: the leader waits for none from it
         raise
     except RuntimeError as error:  # torch's DistStoreError and DistNetworkError derive from it
         raise StartupError(
