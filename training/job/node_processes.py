@@ -18,6 +18,7 @@ import threading
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
 POLL_SECONDS = 0.2
+STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Watch(threading.Thread):
@@ -94,12 +95,12 @@ class NodeProcesses:
         self.first_rank = first_rank
 
     def ended(self, killed_only: bool = False) -> str:
-        """Which process this one started has ended, and how (only one killed by a signal, with ``killed_only``:
-        one that exited said why itself); "" if none."""
+        """Which process this one started has ended, and how; "" if none. With ``killed_only``, only one killed by a
+        signal other than a stop request (SIGINT, SIGTERM: this process has it too): one that exited said why itself."""
         for started in WATCHES:
             if started.ended is not None:
                 local_rank, process = started.ended
-                if not killed_only or process.returncode < 0:
+                if not killed_only or (process.returncode < 0 and -process.returncode not in STOP_REQUESTS):
                     rank = self.first_rank + local_rank
                     return (
                         f"rank {rank} (local rank {local_rank}, pid {process.pid}) of {self.where} "
