@@ -9,6 +9,7 @@ the group's destructor waits for a gloo worker thread that needs the GIL.
 """
 
 import datetime
+import gc
 import multiprocessing
 import time
 import weakref
@@ -31,6 +32,7 @@ def end_of_training(rank: int, port: int, progress: str) -> None:
 
     from training.strategy import leave_process_group
 
+    gc.freeze()  # as cli.py does after its imports: a collection at exit skips what they made
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
     for round_ in range(ROUNDS):
