@@ -1,8 +1,9 @@
 """A process of a one-node job (``python cli.py fit``, 2 CPU processes) that dies or is told to stop: the others stop
 at once, and the node's output ends with one paragraph that names it and says that the same command goes on.
 
-Each run is stopped at its own moment: rank 0 killed while its job starts, rank 0 and rank 1 killed in training (held
-at a step), SIGTERM while rank 0 waits for a second node that the job's num_nodes asks for and nobody started.
+Each run is stopped at its own moment: rank 0 or rank 1 killed while its job starts, rank 0 or rank 1 killed in
+training (held at a step), SIGTERM while rank 0 waits for a second node that the job's num_nodes asks for and nobody
+started.
 """
 
 import os
@@ -84,6 +85,25 @@ def test_rank_0_killed_while_the_job_starts_stops_rank_1_at_once_saying_why(kill
     )
     assert "which started this process, ended" in paragraph
     assert paragraph.endswith("Nothing was trained: run the same command again (on every node) to start the job.")
+
+
+@pytest.fixture(scope="module")
+def rank_1_killed_while_starting(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("starting1")
+    zero = start(workdir)
+    one = rank_one(workdir, zero)
+    os.kill(one, signal.SIGKILL)  # while it imports: rank 0 waits for it to join
+    zero.wait(timeout=240)
+    return {"one": one, "status": zero.returncode, "output": (workdir / "output").read_text()}
+
+
+def test_rank_1_killed_while_the_job_starts_is_named_by_rank_0_at_once(rank_1_killed_while_starting):
+    assert rank_1_killed_while_starting["status"] == 1
+    paragraph = last_paragraph(rank_1_killed_while_starting["output"])
+    assert paragraph.startswith(
+        f"error: the job cannot start: rank 1 (local rank 1, pid {rank_1_killed_while_starting['one']}) of node 0 ("
+    )
+    assert ") was killed by SIGKILL (by someone, or by the system when memory ran out" in paragraph
 
 
 def killed_in_training(workdir: Path, victim: int) -> dict:
