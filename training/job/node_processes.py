@@ -82,7 +82,7 @@ def how_it_ended(status: int) -> str:
         return f"ended with exit status {status} (its output above says why)"
     name = signal.Signals(-status).name
     if name == "SIGKILL":
-        return "was killed by SIGKILL (by someone, or by the system when memory ran out: `dmesg` says which)"
+        return "was killed by SIGKILL (by someone, or by the system when memory ran out: dmesg says which)"
     return f"was killed by {name}"
 
 
