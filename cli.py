@@ -12,7 +12,6 @@ import gc
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import os
 import sys
 import warnings
 from typing import Any
@@ -29,6 +28,7 @@ from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
+from training.job.node_processes import speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -61,7 +61,7 @@ class CLI(LightningCLI):
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
         # Said once per node, by the process that starts the others: the run goes on.
-        if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and local_rank_zero():
+        if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
             print(f"warning: {warning}", file=sys.stderr)
 
     def before_instantiate_classes(self) -> None:
@@ -97,10 +97,6 @@ class CLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = check_start
 
 
-def local_rank_zero() -> bool:
-    return os.environ.get("LOCAL_RANK", "0") == "0"
-
-
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     """Parse ``args`` (default: the command line) and run its subcommand with ``cli``."""
     use_omegaconf_loader()
@@ -118,7 +114,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if local_rank_zero():  # every process has the same paragraph: one per node
+        if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 
