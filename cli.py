@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -26,6 +27,7 @@ from training import DDPStrategy
 from training.checks import config_problem, instantiation_problem, refused_setting
 from training.config_loader import use_omegaconf_loader
 from training.fingerprint import config_items
+from training.links import given_links, link_data_to_model, print_config_with_links, record_links
 from training.parser import Parser
 from training.resume import past_end, resume_path
 from training.run_record import RunRecord, name_the_logger
@@ -45,20 +47,23 @@ warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
-        parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
-        parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
-        for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        link_data_to_model(parser)
         # Set before the Trainer, which reads it when it picks the GPU; torch has it per process, not per model.
         tip = "torch.set_float32_matmul_precision: high and medium use tensor cores (Ampere GPUs on), less exact"
         parser.add_argument("--matmul_precision", choices=("highest", "high", "medium"), default="highest", help=tip)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if not isinstance(args, dict | Namespace):
+            try:
+                print_config_with_links(parser, args)
+            except (ValueError, MisconfigurationException) as error:  # the data module refusing its arguments
+                parser.error(instantiation_problem(error))
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
+        self.given_links = given_links(parser, args, subcommand) if subcommand else {}
 
     def before_instantiate_classes(self) -> None:
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
@@ -69,6 +74,8 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:  # a config error: no traceback
             self.parser.error(instantiation_problem(error))
+        if problem := record_links(self.config[self.subcommand], self.datamodule, self.given_links):
+            self.parser.error(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

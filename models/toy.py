@@ -17,8 +17,9 @@ class ToyModel(LightningModule):
         out_features: output width. cli.py links it from ``data.num_targets``.
         dropout: dropout probability after the hidden layer.
         optimizer: optimizer class and arguments, e.g. in YAML
-            ``optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}``. The default, AdamW at lr 0.003 without weight decay, is
-            a lambda, the form jsonargparse reads as a class and arguments (``--print_config`` shows them).
+            ``optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}``. The default, AdamW at lr 0.003
+            without weight decay, is a lambda: jsonargparse reads it as that class and its arguments, which
+            ``--print_config`` shows and a flag such as ``--model.init_args.optimizer.init_args.lr=0.01`` changes.
     """
 
     def __init__(
