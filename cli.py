@@ -99,7 +99,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
         return cli(
             subclass_mode_model=True,
             subclass_mode_data=True,
-            auto_configure_optimizers=False,
+            auto_configure_optimizers=True,  # --optimizer, --lr_scheduler (training/optimizer_flags.py)
             parser_class=Parser,
             parser_kwargs={"parser_mode": "omegaconf"},
             save_config_callback=RunRecord,

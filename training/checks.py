@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.combinations import combination_problem, trainer_problem
 from training.mlflow_logger import mlflow_problem
+from training.optimizer_flags import optimizer_flags_problem
 from training.parser import optimizer_problem
 from training.resume import checkpoint_problem
 from training.startup import StartupError
@@ -25,6 +26,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         storage_problem(settings)
         or checkpoint_problem(settings.get("ckpt_path"), root_dir)
         or optimizer_problem(settings)
+        or optimizer_flags_problem(settings)
         or trainer_problem(settings)
         or combination_problem(settings)
         or mlflow_problem(settings)
