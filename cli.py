@@ -44,6 +44,15 @@ warnings.filterwarnings("ignore", message=r'\.\w+\(ckpt_path="last"\) is set, bu
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
+def without_config(subcommand: str) -> str:
+    return (
+        "note: no config file (-c) given: Lightning's own defaults apply, not this template's setup (configs/ddp.yaml):"
+        " no run id and no resume, none of its checkpoint rules, checks or DDP settings, and logs in "
+        f"lightning_logs/version_N. For the template's setup: python cli.py {subcommand} -c configs/ddp.yaml "
+        "--model ... --data ..."
+    )
+
+
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
@@ -66,6 +75,8 @@ class CLI(LightningCLI):
         self.given_links = given_links(parser, args, subcommand) if subcommand else {}
 
     def before_instantiate_classes(self) -> None:
+        if not self.config[self.subcommand].get("config") and os.environ.get("LOCAL_RANK", "0") == "0":
+            print(without_config(self.subcommand), file=sys.stderr)
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
         name_the_logger(self.config[self.subcommand], self.subcommand)  # validate/test/predict: in a sub_dir of the run
 
