@@ -12,7 +12,7 @@ from typing import Any
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-from training.parser import accepted
+from training.config.parser import accepted
 
 EXAMPLE = "--optimizer=torch.optim.AdamW --optimizer.lr=0.001"
 
