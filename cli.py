@@ -63,10 +63,7 @@ class CLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict | Namespace):
-            try:
-                print_config_with_links(parser, args)
-            except (ValueError, MisconfigurationException) as error:  # the data module refusing its arguments
-                parser.error(instantiation_problem(error))
+            print_config_with_links(parser, args)
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")

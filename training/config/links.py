@@ -16,6 +16,9 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from training.config.checks import instantiation_problem
 
 # data module attribute -> model init argument
 LINKS = {
@@ -105,17 +108,20 @@ def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> N
     rest = [arg for arg in args if not PRINT_CONFIG.fullmatch(arg)]
     if len(rest) == len(args):
         return
-    parser.exit_on_error = False  # a config that does not parse raises instead of exiting
+    exit_on_error, parser.exit_on_error = parser.exit_on_error, False  # a config that does not parse raises
     try:
         config = parser.parse_args(rest)
     except ArgumentError:
         return
     finally:
-        parser.exit_on_error = True
+        parser.exit_on_error = exit_on_error
     subcommand = config.get("subcommand")
     if not subcommand:
         return
-    linked = linked_values(config[subcommand], build_data(config[subcommand]))
+    try:
+        linked = linked_values(config[subcommand], build_data(config[subcommand]))
+    except (ValueError, MisconfigurationException) as error:  # the data module refusing its arguments
+        parser.error(instantiation_problem(error))
     if problem := link_problem(given_links(parser, rest, subcommand), linked, config[subcommand]):
         parser.error(problem)
     values = [f"--model.init_args.{target}={json.dumps(value)}" for target, value in linked.items()]
