@@ -1,7 +1,7 @@
 """Train, validate, test or predict any LightningModule / LightningDataModule chosen by ``class_path``:
 
     python cli.py fit -c configs/ddp.yaml                   # one node: every visible GPU, or 2 CPU processes
-    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (README: "Multi-node")
+    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (docs/multi-node.md)
 
 Every behaviour of a run is declared in configs/ddp.yaml; this file builds the CLI and reports a config mistake.
 """
