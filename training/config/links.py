@@ -16,9 +16,6 @@ from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
-
-from training.config.checks import instantiation_problem
 
 # data module attribute -> model init argument
 LINKS = {
@@ -100,7 +97,8 @@ def build_data(config: Namespace) -> LightningDataModule | None:
 def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> None:
     """``--print_config`` as the classes get the config, linked values included; exits. Returns, printing nothing,
     when ``--print_config`` is not asked for or the config does not parse whole: jsonargparse then prints what it
-    has (a starting config without a model), or names the mistake.
+    has (a starting config without a model), or names the mistake; and, after a note, when the data module cannot
+    be built on this machine.
 
     jsonargparse prints while it parses, before any class is built, so this parses without ``--print_config``,
     builds the data module, and prints again with the linked values given, which equal the data's."""
@@ -119,9 +117,18 @@ def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> N
     if not subcommand:
         return
     try:
-        linked = linked_values(config[subcommand], build_data(config[subcommand]))
-    except (ValueError, MisconfigurationException) as error:  # the data module refusing its arguments
-        parser.error(instantiation_problem(error))
+        datamodule = build_data(config[subcommand])
+    except Exception as error:  # files only the training machines have, or a setting the run itself names
+        init_args = config[subcommand].get("model.init_args") or {}
+        if shown := [f"model.init_args.{target}" for target in LINKS.values() if target in init_args]:
+            reason = error.__cause__ or error  # jsonargparse's report on each type it tried wraps the data's own
+            print(
+                f"note: --print_config could not build the data module here ({reason}), so {', '.join(shown)} show "
+                "the model's own defaults; a run takes them from the data.",
+                file=sys.stderr,
+            )
+        return
+    linked = linked_values(config[subcommand], datamodule)
     if problem := link_problem(given_links(parser, rest, subcommand), linked, config[subcommand]):
         parser.error(problem)
     values = [f"--model.init_args.{target}={json.dumps(value)}" for target, value in linked.items()]
