@@ -12,7 +12,6 @@ import gc
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import os
 import sys
 import warnings
 from typing import Any
@@ -30,6 +29,7 @@ from training.config.links import given_links, link_data_to_model, print_config_
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.job.fingerprint import config_items
+from training.job.node_processes import speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -72,7 +72,7 @@ class CLI(LightningCLI):
         self.given_links = given_links(parser, args, subcommand) if subcommand else {}
 
     def before_instantiate_classes(self) -> None:
-        if not self.config[self.subcommand].get("config") and os.environ.get("LOCAL_RANK", "0") == "0":
+        if not self.config[self.subcommand].get("config") and speaks_for_node():
             print(without_config(self.subcommand), file=sys.stderr)
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
         name_the_logger(self.config[self.subcommand], self.subcommand)  # validate/test/predict: in a sub_dir of the run
@@ -117,7 +117,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
+        if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 
