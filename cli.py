@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -24,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training import DDPStrategy
 from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
+from training.config.links import given_links, link_data_to_model, print_config_with_links, record_links
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
@@ -43,18 +45,26 @@ warnings.filterwarnings("ignore", message=r'\.\w+\(ckpt_path="last"\) is set, bu
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
+def without_config(subcommand: str) -> str:
+    return (
+        "note: no config file (-c) given: Lightning's own defaults apply, not this template's setup (configs/ddp.yaml):"
+        " no run id and no resume, none of its checkpoint rules, checks or DDP settings, and logs in "
+        f"lightning_logs/version_N. For the template's setup: python cli.py {subcommand} -c configs/ddp.yaml "
+        "--model ... --data ..."
+    )
+
+
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
-        parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
-        parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
-        for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        link_data_to_model(parser)
         # Set before the Trainer, which reads it when it picks the GPU; torch has it per process, not per model.
         tip = "torch.set_float32_matmul_precision: high and medium use tensor cores (Ampere GPUs on), less exact"
         parser.add_argument("--matmul_precision", choices=("highest", "high", "medium"), default="highest", help=tip)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if not isinstance(args, dict | Namespace):
+            print_config_with_links(parser, args)
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")
@@ -63,8 +73,11 @@ class CLI(LightningCLI):
         # Said once per node, by the process that starts the others: the run goes on.
         if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
             print(f"warning: {warning}", file=sys.stderr)
+        self.given_links = given_links(parser, args, subcommand) if subcommand else {}
 
     def before_instantiate_classes(self) -> None:
+        if not self.config[self.subcommand].get("config") and speaks_for_node():
+            print(without_config(self.subcommand), file=sys.stderr)
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
         name_the_logger(self.config[self.subcommand], self.subcommand)  # validate/test/predict: in a sub_dir of the run
 
@@ -73,6 +86,8 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:  # a config error: no traceback
             self.parser.error(instantiation_problem(error))
+        if problem := record_links(self.config[self.subcommand], self.datamodule, self.given_links):
+            self.parser.error(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -104,7 +119,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
         return cli(
             subclass_mode_model=True,
             subclass_mode_data=True,
-            auto_configure_optimizers=False,
+            auto_configure_optimizers=True,  # --optimizer, --lr_scheduler (training/config/optimizer_flags.py)
             parser_class=Parser,
             parser_kwargs={"parser_mode": "omegaconf"},
             save_config_callback=RunRecord,

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
 from training.config.trainer_settings import combination_problem, trainer_problem
 from training.job.startup import StartupError
@@ -27,6 +28,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         storage_problem(settings)
         or checkpoint_problem(settings.get("ckpt_path"), root_dir)
         or optimizer_problem(settings)
+        or optimizer_flags_problem(settings)
         or trainer_problem(settings)
         or combination_problem(settings)
         or mlflow_problem(settings)

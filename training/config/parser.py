@@ -147,6 +147,12 @@ class Parser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         super().error(concise(message), ex)
 
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        # The model's arguments linked from the data too: cli.py writes in the values the model gets
+        # (training/config/links.py), where jsonargparse would leave them out.
+        kwargs.setdefault("skip_link_targets", False)
+        return super().dump(cfg, *args, **kwargs)
+
 
 def optimizer_problem(config: dict, key: str = "") -> str | None:
     """What an optimizer in ``config`` rejects in its arguments, or None.
