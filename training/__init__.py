@@ -1,5 +1,6 @@
 from training.checkpoint_io import AtomicCheckpointIO
 from training.early_stopping import StayStopped
+from training.last_checkpoint import LastCheckpoint
 from training.elastic import GlobalBatch
 from training.mlflow_logger import MLFlowLogger
 from training.monitor_check import MonitorCheck
@@ -18,6 +19,7 @@ __all__ = [
     "AtomicCheckpointIO",
     "DDPStrategy",
     "GlobalBatch",
+    "LastCheckpoint",
     "MLFlowLogger",
     "MonitorCheck",
     "PredictionWriter",

@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
+from omegaconf.errors import OmegaConfBaseException
 
 from training.config_loader import environment_source
 
@@ -110,6 +111,17 @@ class Parser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         super().error(concise(message), ex)
+
+    def parse_args(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().parse_args(*args, **kwargs)
+        except OmegaConfBaseException as error:  # resolving ${...} over the whole config, once all files are merged
+            lines = str(error).splitlines()
+            key = next((line.split(":", 1)[1].strip() for line in lines if "full_key:" in line), "the config")
+            self.error(
+                f"{lines[0]}, in {key}. A ${{key}} names a key of the subcommand's config (${{monitor}}, "
+                "${trainer.max_epochs}); --print_config without it shows the keys there are."
+            )
 
 
 def optimizer_problem(config: dict, key: str = "") -> str | None:
