@@ -1,7 +1,7 @@
 from training.checkpoint_io import AtomicCheckpointIO
 from training.early_stopping import StayStopped
-from training.last_checkpoint import LastCheckpoint
 from training.elastic import GlobalBatch
+from training.last_checkpoint import LastCheckpoint
 from training.mlflow_logger import MLFlowLogger
 from training.monitor_check import MonitorCheck
 from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter

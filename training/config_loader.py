@@ -5,6 +5,7 @@ jsonargparse's ``omegaconf+`` mode resolves the interpolations over the whole co
 merged: ``${monitor}`` in configs/ddp.yaml is what ``--monitor`` or a later file sets. Each file is also resolved on
 its own as it is read, so an error of a resolver or an environment variable names its file."""
 
+import contextlib
 import os
 import re
 from collections.abc import Callable
@@ -56,10 +57,8 @@ def resolve_in_file(value: Any, node: Any) -> None:
         if isinstance(value[key], dict | list):
             resolve_in_file(value[key], node[key])
         elif isinstance(value[key], str) and "${" in value[key]:
-            try:
+            with contextlib.suppress(InterpolationKeyError):  # a key of the whole config
                 node[key]
-            except InterpolationKeyError:
-                pass
 
 
 def load_checking_the_file(value: str) -> Any:

@@ -6,7 +6,6 @@ naming the use and both versions, when an upgrade takes one away. Everything els
 from here, so an upgrade is checked in one place.
 """
 
-
 from collections.abc import Callable
 from typing import Any
 
