@@ -66,6 +66,9 @@ def test_the_best_checkpoint_stays_at_the_epoch_it_was_best(plateau):
     assert (best["epoch"], best["global_step"]) == (0, STEPS)
     weight = "net.0.weight"
     assert not torch.equal(best["state_dict"][weight], last["state_dict"][weight]), "the weights trained on"
+    # A run resumed from last.ckpt knows its best checkpoint, and replaces it when a better one comes.
+    [kept] = [state for key, state in last["callbacks"].items() if key.startswith("ModelCheckpoint")]
+    assert Path(kept["best_model_path"]).name == "epoch000-val_loss1.0000.ckpt"
 
 
 @pytest.mark.distributed
