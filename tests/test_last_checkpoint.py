@@ -2,6 +2,7 @@
 rule: a 2-process run whose validation loss never improves after epoch 0, the same command again, then validate; a run
 that checkpoints every N steps; a model without validation."""
 
+import io
 import warnings
 from pathlib import Path
 
@@ -27,14 +28,16 @@ class Plateau(ToyModel):
         self.log("val/loss", 1.0, sync_dist=True)
 
 
-def load(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+def load(source: Path | bytes) -> dict:
+    return torch.load(
+        io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu", weights_only=True
+    )
 
 
 @pytest.fixture(scope="module")
 def plateau(tmp_path_factory):
     """A 3-epoch run of Plateau in 2 processes, the same command run again, and validate with the config's ckpt_path
-    (last): the run's checkpoints as the first command left them, and each command's output."""
+    (last): the run's checkpoint directory, its files as the first command left them, and each command's output."""
     workdir = tmp_path_factory.mktemp("plateau")
     common = ["-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.limit_val_batches=2"]
     fit = [*common, f"--trainer.max_epochs={EPOCHS}", f"--trainer.limit_train_batches={STEPS}"]
@@ -53,16 +56,16 @@ def plateau(tmp_path_factory):
 
 @pytest.mark.distributed
 def test_last_ckpt_holds_the_final_epoch_although_the_metric_stopped_improving(plateau):
-    checkpoints, files, _ = plateau
-    last = load(checkpoints / "last.ckpt")
+    _, files, _ = plateau
+    last = load(files["last.ckpt"])
     assert (last["epoch"], last["global_step"]) == (EPOCHS - 1, EPOCHS * STEPS)
 
 
 @pytest.mark.distributed
 def test_the_best_checkpoint_stays_at_the_epoch_it_was_best(plateau):
-    checkpoints, files, _ = plateau
+    _, files, _ = plateau
     assert sorted(files) == ["epoch000-val_loss1.0000.ckpt", "last.ckpt"]
-    best, last = load(checkpoints / "epoch000-val_loss1.0000.ckpt"), load(checkpoints / "last.ckpt")
+    best, last = load(files["epoch000-val_loss1.0000.ckpt"]), load(files["last.ckpt"])
     assert (best["epoch"], best["global_step"]) == (0, STEPS)
     weight = "net.0.weight"
     assert not torch.equal(best["state_dict"][weight], last["state_dict"][weight]), "the weights trained on"
