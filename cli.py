@@ -1,7 +1,7 @@
 """Train, validate, test or predict any LightningModule / LightningDataModule chosen by ``class_path``:
 
     python cli.py fit -c configs/ddp.yaml                   # one node: every visible GPU, or 2 CPU processes
-    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (README: "Multi-node")
+    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (docs/multi-node.md)
 
 Every behaviour of a run is declared in configs/ddp.yaml; this file builds the CLI and reports a config mistake.
 """
@@ -12,7 +12,6 @@ import gc
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import os
 import sys
 import warnings
 from typing import Any
@@ -28,6 +27,7 @@ from training.config.checks import config_problem, instantiation_problem, refuse
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.job.fingerprint import config_items
+from training.job.node_processes import speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -105,7 +105,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
+        if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 

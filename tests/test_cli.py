@@ -366,6 +366,16 @@ def test_missing_config_file_is_named(run_cli, capsys):
     assert "configs/missing.yaml" in err and "does not exist" in err
 
 
+def test_a_misspelt_config_file_gets_the_closest_existing_file(run_cli, capsys, tmp_path):
+    (tmp_path / "configs").mkdir()
+    for name in ("ddp.yaml", "bf16.yaml", "seq2seq.yaml"):
+        (tmp_path / "configs" / name).write_text("{}\n")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", "configs/ddp.yml"))
+    assert err.endswith(f"File does not exist: '{tmp_path}/configs/ddp.yml'. Did you mean configs/ddp.yaml?"), err
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", "configs/nothing-like-it.yaml"))
+    assert "Did you mean" not in err
+
+
 def test_malformed_yaml_names_the_file_and_line(run_cli, capsys, tmp_path):
     bad = tmp_path / "broken.yaml"
     bad.write_text("trainer:\n  max_epochs: [1\n")

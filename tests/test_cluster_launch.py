@@ -266,9 +266,11 @@ def test_an_elastic_job_goes_on_when_a_node_fails_and_takes_it_back_when_the_lau
     assert "starting node 1 (10.231.0.2) again" in output
     node0 = printed_by(output, 0, cluster.hosts[0])
     assert "error: the job lost node 1" in node0
-    # Node 1 back before node 0's restart gathered: [2, 2]; after it: [2, 1, 2] (node 0 waits at step 3 alone).
+    # Node 1 back before node 0's restart gathered: [2, 2]; after it: [2, 1, 2] (node 0 waits at step 3 alone). On a
+    # busy machine node 1 may first arrive after ELASTIC_WAIT: node 0 starts alone and the job re-forms on both.
     sizes = [int(line.rsplit("=", 1)[1]) for line in node0.splitlines() if "group_world_size=" in line]
-    assert sizes in ([2, 2], [2, 1, 2]), f"the rounds of node 0's torchrun: {sizes}"
+    rounds = sizes[1:] if sizes[:2] == [1, 2] else sizes
+    assert rounds in ([2, 2], [2, 1, 2]), f"the rounds of node 0's torchrun: {sizes}"
     assert "node 1 (10.231.0.2) finished" in output
     assert output.rstrip().endswith("every node finished"), output
     checkpoint = torch.load(

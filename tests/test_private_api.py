@@ -23,6 +23,7 @@ from training.private_api import (
     logged_names,
     omegaconf_loader,
     stop_sigterm_broadcast,
+    watch_started_processes,
 )
 
 
@@ -151,6 +152,20 @@ def is_private_path(dotted: str) -> bool:
 
 def is_self(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def test_lightnings_launcher_still_hands_the_processes_it_started_to_the_watch_of_its_module():
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    use = "subprocess_script._launch_process_observer, called by _SubprocessScriptLauncher.launch"
+    launch = inspect.getsource(subprocess_script._SubprocessScriptLauncher.launch)
+    assert "_launch_process_observer(self.procs)" in launch, moved("lightning", lightning.__version__, use)
+    lightnings = subprocess_script._launch_process_observer
+    try:
+        watch_started_processes(print)
+        assert subprocess_script._launch_process_observer is print
+    finally:
+        subprocess_script._launch_process_observer = lightnings
 
 
 def test_no_private_name_is_used_outside_private_api():

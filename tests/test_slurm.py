@@ -42,7 +42,7 @@ def requeued(slurm, tmp_path_factory):
     submitted = slurm.run(
         "sbatch",
         "--parsable",
-        "--gpus-per-node=0",  # the cluster has no GPUs (no gres): README's way in for a CPU cluster
+        "--gpus-per-node=0",  # the cluster has no GPUs (no gres): docs/multi-node.md's way in for a CPU cluster
         f"--cpus-per-task={CPUS_PER_TASK}",
         "scripts/slurm.sbatch",
         "--trainer.max_epochs=1",  # the requeued attempt trains the rest of epoch 0

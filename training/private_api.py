@@ -6,6 +6,7 @@ naming the use and both versions, when an upgrade takes one away. Everything els
 from here, so an upgrade is checked in one place.
 """
 
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.strategies.launchers import subprocess_script
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
@@ -78,6 +80,16 @@ def logged_names(trainer: Trainer) -> set[str]:
         levels = [on_step for on_step, logged in ((True, meta.on_step), (False, meta.on_epoch)) if logged]
         names |= {meta.name + suffix} | {meta.forked_name(on_step) + suffix for on_step in levels}
     return names
+
+
+def watch_started_processes(watch: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Have Lightning's launcher hand the processes it starts on a node to ``watch`` instead of its own watch.
+
+    Lightning's watch SIGKILLs every process of the node, the launching one included, up to 5 s after one of them
+    ended with an error, before any can say what happened (training/job/node_processes.py says it instead). The launcher
+    has no setting for it: it calls the function by its name in the launcher's module.
+    """
+    subprocess_script._launch_process_observer = watch
 
 
 class AppendingExperimentWriter(ExperimentWriter):

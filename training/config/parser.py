@@ -11,6 +11,7 @@ an upgrade changes the report.
 import difflib
 import importlib
 import inspect
+import os
 import re
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedA
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
 MODULES_REQUIRED = re.compile(r"arguments are required: (\w+\.)?(model|data)\b")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
 LAYERING = {
@@ -75,6 +77,20 @@ def closest_class(module: str, name: str) -> str | None:
     return next(iter(difflib.get_close_matches(name, classes, n=1, cutoff=0.6)), None)
 
 
+def closest_file(path: str) -> str | None:
+    """The file beside the missing ``path`` whose name is closest to its name (``ddp.yaml`` for ``ddp.yml``), as
+    a path from the working directory where it is under it, or None."""
+    missing = Path(path)
+    if not missing.parent.is_dir():
+        return None
+    names = [entry.name for entry in missing.parent.iterdir() if entry.is_file()]
+    closest = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.6)
+    if not closest:
+        return None
+    found = missing.parent / closest[0]
+    return os.path.relpath(found) if found.is_relative_to(Path.cwd()) else str(found)
+
+
 def class_summary(class_path: str) -> str | None:
     """The first line of the docstring of the class at ``class_path``, or None."""
     module, _, name = class_path.rpartition(".")
@@ -105,6 +121,9 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    for path in dict.fromkeys(MISSING_FILE.findall(message)):
+        if closest := closest_file(path):
+            hints[path] = f"Did you mean {closest}?"
     for line in lines:
         for candidate in (AMBIGUOUS.fullmatch(line) or [None, ""])[1].split(", "):
             if candidate.startswith("training.") and (summary := class_summary(candidate)):
