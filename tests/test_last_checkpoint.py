@@ -89,18 +89,20 @@ def test_validate_uses_the_last_weights(plateau):
     assert f"Validating with the weights of {last} (epoch {EPOCHS - 1}, step {EPOCHS * STEPS})" in validated
 
 
-def test_every_n_train_steps_keeps_last_ckpt_to_the_end_of_training(run_cli, tmp_path):
+def test_every_n_train_steps_writes_last_ckpt_at_those_steps_and_at_each_epochs_end(run_cli, tmp_path):
     # LastCheckpoint of configs/ddp.yaml, a list entry, is set in a copy of that file.
     ddp = Path(DDP_YAML).read_text()
     every = "every_n_train_steps: null"
     assert ddp.count(every) == 1
     steps = tmp_path / "steps.yaml"
     steps.write_text(ddp.replace(every, "every_n_train_steps: 3"))
-    args = ["--model=tests.test_last_checkpoint.Plateau", "--trainer.limit_train_batches=5", "--trainer.max_epochs=2"]
-    run_cli("fit", "-c", str(steps), *SINGLE_PROCESS, "--trainer.limit_val_batches=1", *args)
-    # Written at steps 3, 6 and 9, then at the end of training, step 10.
+    model = ["--model=tests.test_last_checkpoint.Plateau", "--trainer.limit_train_batches=5", "--trainer.max_epochs=2"]
+    cli = run_cli("fit", "-c", str(steps), "-c", str(writes_at_once(tmp_path)), *SINGLE_PROCESS, *model, *PROBE)
+    # Written at steps 3, 5 (epoch 0's end), 6, 9 and 10 (epoch 1's end).
+    assert probed(cli).seen == [None, (0, 5)]
     checkpoints = tmp_path / "logs" / "plateau" / "default" / "checkpoints"
-    assert load(checkpoints / "last.ckpt")["global_step"] == 10
+    last = load(checkpoints / "last.ckpt")
+    assert (last["epoch"], last["global_step"]) == (1, 10)
 
 
 class TrainOnlyData(LightningDataModule):
@@ -126,32 +128,43 @@ class TrainOnly(LightningModule):
 
 
 class LastAtEpochStart(Callback):
-    """The epoch of last.ckpt as each epoch starts, once the checkpoints of the epoch before are written."""
+    """(epoch, step) of last.ckpt as each epoch starts, once the checkpoints of the epoch before are written."""
 
     def __init__(self) -> None:
-        self.epochs: list[int | None] = []
+        self.seen: list[tuple[int, int] | None] = []
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
-        self.epochs.append(load(path)["epoch"] if path.exists() else None)
+        self.seen.append((load(path)["epoch"], load(path)["global_step"]) if path.exists() else None)
 
 
-def test_a_model_without_validation_trains_and_keeps_last_ckpt_every_epoch(run_cli, tmp_path, caplog):
-    writes_at_once = tmp_path / "at_once.yaml"  # no background writes: last.ckpt is whole when the next epoch starts
-    writes_at_once.write_text(
+PROBE = ["--trainer.callbacks+=tests.test_last_checkpoint.LastAtEpochStart", "--trainer.limit_val_batches=1"]
+
+
+def probed(cli) -> LastAtEpochStart:
+    [probe] = [callback for callback in cli.trainer.callbacks if isinstance(callback, LastAtEpochStart)]
+    return probe
+
+
+def writes_at_once(tmp_path: Path) -> Path:
+    """A config without background writes: last.ckpt is whole when the next epoch starts."""
+    config = tmp_path / "at_once.yaml"
+    config.write_text(
         "trainer:\n  plugins:\n    - class_path: training.AtomicCheckpointIO\n      init_args:\n"
         "        background: false\n"
     )
+    return config
+
+
+def test_a_model_without_validation_trains_and_keeps_last_ckpt_every_epoch(run_cli, tmp_path, caplog):
     model = ["--model=tests.test_last_checkpoint.TrainOnly", "--data=tests.test_last_checkpoint.TrainOnlyData"]
-    probe = "--trainer.callbacks+=tests.test_last_checkpoint.LastAtEpochStart"
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
-        cli = run_cli("fit", "-c", DDP_YAML, "-c", str(writes_at_once), *SINGLE_PROCESS, *model, probe)
+        cli = run_cli("fit", "-c", DDP_YAML, "-c", str(writes_at_once(tmp_path)), *SINGLE_PROCESS, *model, *PROBE)
     assert not [str(w.message) for w in warned if "could not find the monitored key" in str(w.message)]
     assert "The model has no validation (no validation_step, no val dataloader" in caplog.text
     assert "no best checkpoint by 'val/loss'; last.ckpt holds the latest state" in caplog.text
-    [seen] = [callback for callback in cli.trainer.callbacks if isinstance(callback, LastAtEpochStart)]
-    assert seen.epochs == [None, 0, 1, 2, 3]
+    assert probed(cli).seen == [None, (0, 4), (1, 8), (2, 12), (3, 16)]
     checkpoints = tmp_path / "logs" / "train_only" / "default" / "checkpoints"
     assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt"]
     assert load(checkpoints / "last.ckpt")["epoch"] == 4
