@@ -37,9 +37,9 @@ def checkpoint_dir(trainer: Trainer) -> str | None:
 
 def last_checkpoint_path(trainer: Trainer) -> str:
     """Where the run's ``last.ckpt`` is written (or was, by an earlier run with the same id)."""
-    for callback in trainer.checkpoint_callbacks:  # the one that writes it, training.LastCheckpoint in configs/ddp.yaml
-        if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
-            return str(callback.last_model_path)
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.last_model_path:
+        return str(callback.last_model_path)
     return f"{checkpoint_dir(trainer)}/{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
 
 
