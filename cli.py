@@ -22,10 +22,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy
-from training.checkpoints.resume import past_end, resume_path
+from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
+from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
 from training.job.node_processes import speaks_for_node
 from training.run.record import RunRecord, name_the_logger
@@ -62,6 +63,9 @@ class CLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
+        # Said once per node, by the process that starts the others: the run goes on.
+        if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
+            print(f"warning: {warning}", file=sys.stderr)
 
     def before_instantiate_classes(self) -> None:
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
@@ -82,10 +86,18 @@ class CLI(LightningCLI):
             config.ckpt_path = resume_path(trainer, config.ckpt_path)
         return trainer
 
-    def before_fit(self) -> None:
-        # Runs in the launching process: a run past its end stops here, before any other process starts.
-        if problem := past_end(self.trainer, self.config_init.fit.ckpt_path, self.config.fit.weights_only):
+    def check_start(self) -> None:
+        # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
+        # weights stops here, before any other process starts.
+        config = self.config[self.subcommand]
+        if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
+        # A data module may say what it cannot feed this many processes (data.Seq2SeqDataModule does).
+        check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
+        if check is not None and (problem := check(self.trainer.world_size)):
+            self.parser.error(problem)
+
+    before_fit = before_validate = before_test = before_predict = check_start
 
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:

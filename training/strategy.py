@@ -22,6 +22,7 @@ from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
 from training.checkpoints.agreement import loads_problem, model_mismatch
+from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.heartbeat import why_stopped
 from training.heartbeat.liveness import Liveness
 from training.job import node_processes
@@ -122,7 +123,18 @@ class DDPStrategy(LightningDDPStrategy):
         super().setup_distributed()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        super().save_checkpoint(checkpoint, filepath, storage_options)
+        # Every process comes here; global rank 0 writes. A full disk stops them all at once, each saying why,
+        # instead of rank 0 alone, with the others left to find a collective broken.
+        failure, host = None, socket.gethostname()
+        try:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+        except CheckpointSpaceError as error:
+            failure = str(error)
+        if self.world_size > 1:
+            failure, host = self.broadcast((failure, host))
+        if failure is not None:
+            told = f"this node stopped with global rank 0, on node 0 ({host}), where {failure}"
+            raise CheckpointSpaceError(failure if self.is_global_zero else told)
         path = str(filepath) if "://" in str(filepath) else os.path.abspath(filepath)
         self.saved = {"path": path, "epoch": checkpoint.get("epoch"), "step": checkpoint.get("global_step")}
 
