@@ -61,6 +61,9 @@ class CLI(LightningCLI):
         # Set before the Trainer, which reads it when it picks the GPU; torch has it per process, not per model.
         tip = "torch.set_float32_matmul_precision: high and medium use tensor cores (Ampere GPUs on), less exact"
         parser.add_argument("--matmul_precision", choices=("highest", "high", "medium"), default="highest", help=tip)
+        # One metric for the best checkpoint and early stopping: the config files name it ${monitor}.
+        parser.add_argument("--monitor", default="val/loss", help="the metric the best checkpoint is chosen by")
+        parser.add_argument("--monitor_mode", choices=("min", "max"), default="min", help="best: its min or max")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict | Namespace):
@@ -121,7 +124,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             subclass_mode_data=True,
             auto_configure_optimizers=True,  # --optimizer, --lr_scheduler (training/config/optimizer_flags.py)
             parser_class=Parser,
-            parser_kwargs={"parser_mode": "omegaconf"},
+            parser_kwargs={"parser_mode": "omegaconf+"},
             save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
             args=args,

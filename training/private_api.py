@@ -12,6 +12,7 @@ from typing import Any
 
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies.launchers import subprocess_script
@@ -20,13 +21,23 @@ CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
 
 def omegaconf_loader() -> Callable[[str], Any]:
-    """jsonargparse's loader for ``parser_mode="omegaconf"``, unwrapped.
+    """jsonargparse's loader for ``parser_mode="omegaconf+"``, unwrapped: YAML, with ``${key}`` made relative to
+    where it appears when ``omegaconf_absolute_to_relative_paths`` is set.
 
-    cli.py wraps it so a YAML or interpolation error names its file. jsonargparse registers this loader
-    lazily, on the first value it parses, so its public ``get_loader("omegaconf")`` has nothing to return
+    training/config_loader.py wraps it so a YAML or interpolation error names its file. jsonargparse registers this
+    loader lazily, on the first value it parses, so its public ``get_loader("omegaconf+")`` has nothing to return
     before then, and after cli.py's first run it would return cli.py's own wrapper.
     """
-    return get_omegaconf_loader("omegaconf")
+    return get_omegaconf_loader("omegaconf+")
+
+
+def last_saved_step(callback: ModelCheckpoint) -> int:
+    """The global step of ``callback``'s latest save (0 before any).
+
+    training/checkpoints/last.py writes last.ckpt at the end of training when the latest save was at an earlier step;
+    ModelCheckpoint keeps that step only in ``_last_global_step_saved``.
+    """
+    return callback._last_global_step_saved
 
 
 def stop_sigterm_broadcast(trainer: Trainer) -> bool:

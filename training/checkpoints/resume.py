@@ -123,8 +123,8 @@ def name_problem(ckpt_path: str, root_dir: str) -> str | None:
         return (
             "--ckpt_path best: Lightning resolves best to the best checkpoint of a fit that ran earlier in the same "
             "process, and cli.py runs one subcommand per process, so there is none. Give a checkpoint's path "
-            "instead, such as the run's checkpoints/epochNNN-val_lossX.XXXX.ckpt (the best by val/loss under "
-            "configs/ddp.yaml), or --ckpt_path last for its last.ckpt."
+            "instead, such as the run's checkpoints/epochNNN-val_lossX.XXXX.ckpt (the best by the monitored "
+            "metric, val/loss unless --monitor names another), or --ckpt_path last for its last.ckpt."
         )
     if ckpt_path == "hpc" and not get_filesystem(root_dir).glob(f"{root_dir.rstrip('/')}/hpc_ckpt_*.ckpt"):
         return (

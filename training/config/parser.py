@@ -13,11 +13,13 @@ import importlib
 import inspect
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
+from omegaconf.errors import OmegaConfBaseException
 
 from training.config.loader import environment_source
 
@@ -152,6 +154,36 @@ class Parser(LightningArgumentParser):
         # (training/config/links.py), where jsonargparse would leave them out.
         kwargs.setdefault("skip_link_targets", False)
         return super().dump(cfg, *args, **kwargs)
+
+    def parse_args(self, args: list[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        try:
+            config = super().parse_args(args, *rest, **kwargs)
+        except OmegaConfBaseException as error:  # resolving ${...} over the whole config, once all files are merged
+            lines = str(error).splitlines()
+            key = next((line.split(":", 1)[1].strip() for line in lines if "full_key:" in line), "the config")
+            self.error(
+                f"{lines[0]}, in {key}. A ${{key}} names a key of the subcommand's config (${{monitor}}, "
+                "${trainer.max_epochs}); --print_config without it shows the keys there are."
+            )
+        # jsonargparse 4.53's omegaconf+ mode leaves the list of config files out of the config it resolves; the
+        # config checks name the file a setting comes from.
+        subcommand = config.get("subcommand")
+        if subcommand and config[subcommand].get("config") is None:
+            config[subcommand].config = given_files(sys.argv[1:] if args is None else args)
+        return config
+
+
+def given_files(args: list[str]) -> list[str]:
+    """The config files of ``-c FILE``, ``--config FILE`` and ``--config=FILE`` in ``args``, in order."""
+    files = []
+    for flag, value in zip(args, [*args[1:], ""], strict=True):
+        if flag.startswith("--config="):
+            value = flag.removeprefix("--config=")
+        elif flag not in ("-c", "--config"):
+            continue
+        if Path(value).is_file():  # not a config given inline as YAML
+            files.append(value)
+    return files
 
 
 def optimizer_problem(config: dict, key: str = "") -> str | None:
