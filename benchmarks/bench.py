@@ -149,7 +149,7 @@ def quiet_run(
 
 
 def untimed_run(
-    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str
+    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *, bound: float
 ) -> Path:
     """The template without training.StepTime: the callbacks of the workload's configs but that one."""
     callbacks: list[dict] = []
@@ -158,7 +158,7 @@ def untimed_run(
         callbacks = trainer.get("callbacks", callbacks) + trainer.get("callbacks+", [])
     kept = [callback for callback in callbacks if callback["class_path"] != "training.StepTime"]
     untimed = f"--trainer.callbacks={json.dumps(kept)}"
-    return template_run(workload, processes, steps, quick, accelerator, work, name, untimed)
+    return template_run(workload, processes, steps, quick, accelerator, work, name, untimed, bound=bound)
 
 
 def module_command(

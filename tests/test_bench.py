@@ -92,8 +92,8 @@ def test_the_side_without_the_step_time_measurement_keeps_every_other_callback(t
     from benchmarks import bench
 
     given = []
-    monkeypatch.setattr(bench, "template_run", lambda *args: given.append(args[-1]) or tmp_path)
-    bench.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed")
+    monkeypatch.setattr(bench, "template_run", lambda *args, bound: given.append(args[-1]) or tmp_path)
+    bench.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
     flag, callbacks = given[0].split("=", 1)
     names = [callback["class_path"] for callback in json.loads(callbacks)]
     assert flag == "--trainer.callbacks" and "training.StepTime" not in names
