@@ -38,10 +38,16 @@ def given_links(parser: ArgumentParser, args: Any, subcommand: str) -> dict[str,
     """The linked model arguments that ``args`` (the command line, with its config files) gives a value:
     ``{argument: value}``. A parse without defaults holds only what was given (jsonargparse fills in a class's own
     defaults otherwise)."""
-    if isinstance(args, dict | Namespace):
-        given = parser.parse_object(args, defaults=False)
-    else:
-        given = parser.parse_args(args, defaults=False)
+    exit_on_error, parser.exit_on_error = parser.exit_on_error, False
+    try:
+        if isinstance(args, dict | Namespace):
+            given = parser.parse_object(args, defaults=False)
+        else:
+            given = parser.parse_args(args, defaults=False)
+    except ArgumentError:  # what was given does not stand alone (a ${key} only a default defines): nothing to check
+        return {}
+    finally:
+        parser.exit_on_error = exit_on_error
     init_args = given.get(f"{subcommand}.model.init_args")
     return {target: init_args[target] for target in LINKS.values() if init_args and target in init_args}
 
