@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, finish, launch, needs_gpus, run_script
 from training.step_time.callback import samples_in
-from training.step_time.clocks import CollectiveWait, CpuClock, Step
+from training.step_time.clocks import CpuClock, GradientsReady, Step
 from training.step_time.figures import Node, SlowNodeWatch, paragraph, per_node, summary
 
 PACE = 0.1  # seconds the slowed loaders sleep before each batch
@@ -143,21 +143,22 @@ def test_the_parts_of_a_step_add_up_to_its_time_and_the_wait_is_clipped_to_it():
     assert alone == pytest.approx({"data": 10.0, "compute": 20.0, "collective": 0.0})
 
 
-def test_the_hook_reduces_gradients_as_ddp_does_and_stamps_the_last_bucket(tmp_path):
+def test_the_last_gradient_computed_is_stamped_by_one_hook_after_the_first_step(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
     inputs = torch.randn(4, 8)
-    expected = [g for g in torch.autograd.grad(model(inputs).sum(), list(model.parameters()))]
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(model)
-        hook = CollectiveWait(CpuClock())
-        ddp.register_comm_hook(None, hook.allreduce)
-        ddp(inputs).sum().backward()
-        handed, done = hook.take()
-        assert done >= handed > 0 and hook.take() == (None, None)
-        for parameter, gradient in zip(model.parameters(), expected, strict=True):
-            assert torch.allclose(parameter.grad, gradient)
+        ready = GradientsReady(CpuClock(), list(model.parameters()))
+        assert len(ready.hooks) == 4
+        stamps = []
+        for _ in range(2):
+            ddp(inputs).sum().backward()
+            stamps.append(ready.take())
+            # The backward pass ends with the first layer's gradients, the last ones computed; only that hook stays.
+            assert ready.last in (0, 1) and list(ready.hooks) == [ready.last]
+        assert all(stamp is not None for stamp in stamps) and stamps[1] > stamps[0] and ready.take() is None
     finally:
         dist.destroy_process_group()
 

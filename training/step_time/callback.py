@@ -9,20 +9,19 @@ import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch.nn.parallel import DistributedDataParallel
 
 from training.heartbeat.liveness import address_towards
-from training.step_time.clocks import Clock, CollectiveWait, CpuClock, CudaClock, Step
+from training.step_time.clocks import Clock, CpuClock, CudaClock, GradientsReady, Step
 from training.step_time.figures import FIELDS, PARTS, Node, SlowNodeWatch, paragraph, per_node, summary
 
 
 class StepTime(Callback):
     """Splits every training step of every process into waiting for data (from the end of one batch to the start
     of the next, where Lightning fetches), computing (forward, backward, optimizer) and waiting in the gradient
-    allreduce (a DDP communication hook around DDP's default one), with no synchronisation of its own in the step:
-    on GPUs with CUDA events read a step or more later.
+    allreduce (from the last gradient computed to the end of DDP's backward pass), with no synchronisation of its
+    own in the step: on GPUs with CUDA events read a step or more later.
 
     Every ``log_every_n_steps`` the processes gather their sums (one small all_gather), and each node's mean
     milliseconds per step go to the loggers as ``timing/node<N>/{data,compute,collective,step}_ms`` with the job's
@@ -50,7 +49,8 @@ class StepTime(Callback):
         self.slower_by = slower_by
         self.min_share = min_share
         self.clock: Clock = CpuClock()
-        self.collectives: CollectiveWait | None = None
+        self.collectives: GradientsReady | None = None
+        self.backward_end: Any = None
         self.watch = SlowNodeWatch(window, slower_by, min_share)
         self.where: dict[int, Node] = {}
         self.nodes: list[int] = [0]
@@ -64,15 +64,13 @@ class StepTime(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
         self.watch = SlowNodeWatch(self.window, self.slower_by, self.min_share)
-        self.collectives, self.pending, self.previous_end, self.batches = None, [], None, 0
+        self.pending, self.previous_end, self.batches, self.backward_end = [], None, 0, None
         self.interval, self.total = [0.0] * len(FIELDS), [0.0] * len(FIELDS)
+        if self.collectives is not None:
+            self.collectives.remove()
+        self.collectives = None
         if isinstance(trainer.strategy.model, DistributedDataParallel):
-            hook = CollectiveWait(self.clock)
-            try:
-                trainer.strategy.model.register_comm_hook(None, hook.allreduce)
-                self.collectives = hook
-            except RuntimeError:  # DDP takes one hook: the strategy's ddp_comm_hook is registered already
-                rank_zero_warn("StepTime counts collective waits as compute: the strategy has its own ddp_comm_hook.")
+            self.collectives = GradientsReady(self.clock, list(pl_module.parameters()))
         environment = getattr(trainer.strategy, "cluster_environment", None)  # None: one process, no group
         address = address_towards(environment.main_address, environment.main_port) if environment else ""
         mine = (trainer.node_rank, socket.gethostname(), address)
@@ -89,6 +87,10 @@ class StepTime(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.previous_end = None  # the gap around a validation is not a wait for data
 
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # DDP's backward pass returns once its allreduce is done (on a GPU: the stream waits for it).
+        self.backward_end = self.clock.stamp() if self.collectives is not None else None
+
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self.started = self.clock.stamp()
 
@@ -96,7 +98,8 @@ class StepTime(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         end = self.clock.stamp()
-        handed, done = self.collectives.take() if self.collectives else (None, None)
+        handed = self.collectives.take() if self.collectives else None
+        done, self.backward_end = (self.backward_end if handed is not None else None), None
         if self.previous_end is not None:
             self.pending.append(Step(self.previous_end, self.started, end, handed, done, samples_in(batch)))
         self.previous_end = end

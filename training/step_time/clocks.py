@@ -1,4 +1,4 @@
-"""Clocks that time a step without waiting for it, and the DDP hook that times the wait in the gradient allreduce.
+"""Clocks that time a step without waiting for it, and the stamp that splits the wait in the gradient allreduce off.
 
 On a GPU, kernels run after the Python that queued them has moved on: a CPU clock would time how fast steps are
 queued, and reading a GPU clock at once would wait for the GPU in every step. CUDA events are recorded in the step
@@ -7,11 +7,10 @@ and read a step or more later, once the GPU has passed them.
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 
 class CpuClock:
@@ -55,8 +54,8 @@ Clock = CpuClock | CudaClock
 @dataclass
 class Step:
     """The stamps of one training step: the end of the step before, its start (the batch fetched and on the
-    device), its end, and when its last gradient bucket was handed to the allreduce and came back (None without
-    DDP, or in a step that accumulated gradients without synchronising)."""
+    device), its end, and when its last gradient was computed and its backward pass returned, DDP's allreduce
+    done (None without DDP)."""
 
     previous_end: Any
     start: Any
@@ -73,37 +72,47 @@ class Step:
         busy = clock.ms(self.start, self.end)
         collective = 0.0
         if self.handed is not None and self.done is not None:
-            # Once the last bucket is handed over, the backward pass has nothing left to compute: until it comes
-            # back, this process waits for the slowest peer (and the transfer).
+            # Once the last gradient is computed, the backward pass has nothing left to compute: until it returns,
+            # this process waits in the allreduce for the slowest peer (and the transfer).
             collective = min(max(clock.ms(self.handed, self.done), 0.0), busy)
         return {"data": clock.ms(self.previous_end, self.start), "compute": busy - collective, "collective": collective}
 
 
-class CollectiveWait:
-    """A DDP communication hook: DDP's default allreduce of each gradient bucket, stamping when the last bucket of a
-    step was handed over and when its allreduce completed. DDP reduces the buckets in order, so the last one's
-    return is the end of the step's communication."""
+class GradientsReady:
+    """Stamps when this process has computed the last gradient of a backward pass: from then on, until the
+    backward pass returns, it only waits for DDP's allreduce, that is for the slowest peer (and the transfer).
 
-    def __init__(self, clock: Clock) -> None:
+    DDP's own allreduce stays as it is (a communication hook in Python would cost the step more than the 1% this
+    measurement may take): a hook on each parameter's accumulated gradient finds, in the first step, the one that is
+    computed last; only its hook stays, one Python call a step. A step where that parameter gets no gradient has
+    no stamp, and its wait counts as compute.
+    """
+
+    def __init__(self, clock: Clock, parameters: list[torch.nn.Parameter]) -> None:
         self.clock = clock
-        self.handed: Any = None
-        self.done: Any = None
+        self.stamp: Any = None
+        self.last = -1
+        self.hooks = {
+            index: parameter.register_post_accumulate_grad_hook(partial(self.ready, index))
+            for index, parameter in enumerate(parameters)
+            if parameter.requires_grad
+        }
 
-    def allreduce(self, state: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        if not bucket.is_last():
-            return default_hooks.allreduce_hook(state, bucket)
-        self.handed = self.clock.stamp()
-        future = default_hooks.allreduce_hook(state, bucket)
+    def ready(self, index: int, parameter: torch.nn.Parameter) -> None:
+        self.stamp = self.clock.stamp()
+        self.last = index
 
-        def completed(reduced: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            # On a GPU this runs on a stream that waits for the allreduce: the event marks its end on the GPU.
-            self.done = self.clock.stamp()
-            return reduced.value()
+    def take(self) -> Any:
+        """The stamp of the backward pass that just ended, or None."""
+        stamp, self.stamp = self.stamp, None
+        if stamp is not None and len(self.hooks) > 1:
+            for index, hook in self.hooks.items():
+                if index != self.last:
+                    hook.remove()
+            self.hooks = {self.last: self.hooks[self.last]}
+        return stamp
 
-        return future.then(completed)
-
-    def take(self) -> tuple[Any, Any]:
-        """The stamps of the step that just ended, which DDP waited for before the backward pass returned."""
-        stamps = self.handed, self.done
-        self.handed = self.done = None
-        return stamps
+    def remove(self) -> None:
+        for hook in self.hooks.values():
+            hook.remove()
+        self.hooks = {}
