@@ -28,7 +28,8 @@ from torch.distributed import PrefixStore, TCPStore
 
 from scripts import comm_bench, cpu_check, gpu_check
 from training.job.fingerprint import code_digest, config_items, items_digest
-from training.job.startup import Member, StartupError, describe, handshake, refuse
+from training.job.roster import Member, describe
+from training.job.startup import StartupError, handshake, refuse
 
 MIN_SHM_BYTES = 512 << 20
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)

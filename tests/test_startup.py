@@ -12,7 +12,8 @@ from torch.distributed import HashStore
 
 from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, run_script
 from training.job import join_progress
-from training.job.startup import Member, StartupError, handshake
+from training.job.roster import Member
+from training.job.startup import StartupError, handshake
 
 FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
 
