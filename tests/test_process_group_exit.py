@@ -1,4 +1,4 @@
-"""The order in which a training process lets go of its process group as it ends (training/strategy.py).
+"""The order in which a training process lets go of its process group as it ends (training/job/process_group.py).
 
 Two processes on gloo run the end of a training process many times in a loop: a DDP wrapper that just reduced
 its gradients, then ``leave_process_group`` as the process's exit runs it: once with the wrapper already gone (as
@@ -30,7 +30,7 @@ def end_of_training(rank: int, port: int, progress: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from training.strategy import leave_process_group
+    from training.job.process_group import leave_process_group
 
     gc.freeze()  # as cli.py does after its imports: a collection at exit skips what they made
     torch.set_num_threads(1)

@@ -22,20 +22,22 @@ from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
 from training.checkpoints.agreement import loads_problem, model_mismatch
-from training.checkpoints.atomic_io import CheckpointSpaceError
+from training.checkpoints.save_agreement import SaveAgreement
 from training.heartbeat import why_stopped
 from training.heartbeat.liveness import Liveness
 from training.job import node_processes
 from training.job.elastic import nodes_present
 from training.job.fingerprint import checkpoint_fact, code_digest
 from training.job.node_processes import NodeProcesses
-from training.job.startup import Member, StartupError, handshake
+from training.job.process_group import leave_process_group
+from training.job.roster import Member
+from training.job.startup import StartupError, handshake
 from training.job.stop_signal import StopBeforeTraining
 from training.job.store import connect
 from training.private_api import watch_started_processes
 
 
-class DDPStrategy(LightningDDPStrategy):
+class DDPStrategy(SaveAgreement, LightningDDPStrategy):
     """DDP whose processes shake hands before the process group starts.
 
     Each process reports its node, host, versions, devices per node, ``num_nodes``, a digest of the code it
@@ -121,32 +123,6 @@ class DDPStrategy(LightningDDPStrategy):
             atexit.register(leave_process_group, lambda: self.wrapper())
             rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
         super().setup_distributed()
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # Every process comes here; global rank 0 writes. A full disk stops them all at once, each saying why,
-        # instead of rank 0 alone, with the others left to find a collective broken.
-        failure, host = None, socket.gethostname()
-        try:
-            super().save_checkpoint(checkpoint, filepath, storage_options)
-        except CheckpointSpaceError as error:
-            failure = str(error)
-        if self.world_size > 1:
-            failure, host = self.broadcast((failure, host))
-        if failure is not None:
-            told = f"this node stopped with global rank 0, on node 0 ({host}), where {failure}"
-            raise CheckpointSpaceError(failure if self.is_global_zero else told)
-        path = str(filepath) if "://" in str(filepath) else os.path.abspath(filepath)
-        self.saved = {"path": path, "epoch": checkpoint.get("epoch"), "step": checkpoint.get("global_step")}
-
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        super().barrier(*args, **kwargs)
-        # Global rank 0 saves before it reaches any barrier: once this one passed, the save is done, or, written in
-        # the background (training.AtomicCheckpointIO), queued: rank 0, which writes it, counts it once on disk.
-        if self.saved is not None and self.liveness is not None:
-            saved, liveness = self.saved, self.liveness
-            when_written = getattr(self.checkpoint_io, "when_written", None) if self.is_global_zero else None
-            (when_written or (lambda callback: callback()))(lambda: liveness.checkpoint_saved(**saved))
-        self.saved = None
 
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
@@ -281,17 +257,3 @@ class DDPStrategy(LightningDDPStrategy):
     def _progress(self) -> tuple[int, int] | None:
         trainer = self.running
         return (trainer.current_epoch, trainer.global_step) if trainer is not None else None
-
-
-def leave_process_group(wrapper: Callable[[], Any]) -> None:
-    """At exit, destroy the process group (torch warns of an NCCL one left), unless the DDP ``wrapper`` still lives.
-
-    The wrapper must go first: its Reducer is freed with the GIL held, and were it the group's last holder, the
-    group's destructor would join gloo's worker threads, which may need the GIL to free a finished all-reduce, and
-    the process would never end. A wrapper something still holds (the traceback of an error in its forward) is
-    freed as Python ends, before the group, which the process group registry holds until then.
-    """
-    if wrapper() is not None:
-        gc.collect()
-    if dist.is_initialized() and wrapper() is None:
-        dist.destroy_process_group()

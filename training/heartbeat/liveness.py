@@ -106,7 +106,7 @@ class Liveness:
             self.beating.join(max(2 * self.period, 5.0))
 
     def checkpoint_saved(self, path: str, epoch: int, step: int) -> None:
-        """A checkpoint saved completely (training/strategy.py says when a process counts it so)."""
+        """A checkpoint saved completely (training/checkpoints/save_agreement.py says when a process counts it so)."""
         self.checkpoint = {"path": path, "epoch": epoch, "step": step}
         self._publish()
 
