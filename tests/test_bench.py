@@ -91,11 +91,11 @@ def test_every_row_measures_what_the_step_time_measurement_costs(bench):
 def test_the_side_without_the_step_time_measurement_keeps_every_other_callback(tmp_path, monkeypatch):
     import yaml
 
-    from benchmarks import bench
+    from benchmarks import sides
 
     given = []
-    monkeypatch.setattr(bench, "template_run", lambda *args, bound: given.append(args[-2:]) or tmp_path)
-    bench.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
+    monkeypatch.setattr(sides, "template_run", lambda *args, bound: given.append(args[-2:]) or tmp_path)
+    sides.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
     flag, config = given[0]
     names = [callback["class_path"] for callback in yaml.safe_load(Path(config).read_text())["trainer"]["callbacks"]]
     assert flag == "-c" and "training.StepTime" not in names
@@ -123,7 +123,7 @@ def test_prints_a_table_draws_a_chart_and_ends_with_the_headlines(bench):
 
 
 def test_ratios_pair_the_runs_of_each_round():
-    from benchmarks.bench import paired
+    from benchmarks.comparisons import paired
 
     # Round 2 ran in a slow spell for both sides, round 3 in one for the template only: the median of the
     # per-round ratios puts both spells aside, the ratio of the medians (21 / 20) does not.
@@ -145,7 +145,7 @@ def test_rounds_below_one_is_refused_naming_the_flag(rounds, monkeypatch, capsys
 
 @pytest.mark.parametrize("accelerator", ["cpu", "gpu"])
 def test_every_side_trains_on_the_accelerator_asked_for(accelerator, tmp_path, monkeypatch):
-    from benchmarks.bench import module_command, template_command
+    from benchmarks.sides import module_command, template_command
     from benchmarks.workloads import run_arguments
 
     template = template_command("toy", 2, 5, True, accelerator, tmp_path, tmp_path / "template.json")
@@ -236,14 +236,14 @@ def test_without_matplotlib_it_measures_prints_the_table_and_says_the_chart_was_
 
 
 def test_a_side_that_does_not_finish_is_stopped_with_its_processes_and_named(tmp_path, monkeypatch, capsys):
-    from benchmarks import bench
+    from benchmarks import bench, sides
 
     # A side that hangs, as the raw loop's two processes did at exit, with a process of its own that hangs too.
     hang = tmp_path / "hang.sh"
     hang.write_text(f"sleep infinity &\necho $! >{tmp_path / 'child'}\necho started\nwait\n")
 
     def compare_steps(args, work):
-        bench.run(["bash", str(hang)], work / "raw-toy-2-0", bound=args.side_timeout)
+        sides.run(["bash", str(hang)], work / "raw-toy-2-0", bound=args.side_timeout)
 
     monkeypatch.setattr(bench, "compare_steps", compare_steps)
     monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--out", str(tmp_path / "out"), "--side-timeout", "3"])
