@@ -29,7 +29,7 @@ class TrainOnlyBlobs(LightningDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         generator = torch.Generator().manual_seed(0)
-        centres = 4 * torch.randn(hp.num_classes, hp.dim, generator=generator)
+        centres = 8 * torch.randn(hp.num_classes, hp.dim, generator=generator)
         labels = torch.randint(hp.num_classes, (hp.num_train + hp.num_val,), generator=generator)
         x = centres[labels] + torch.randn(len(labels), hp.dim, generator=generator)
         self.train_set = TensorDataset(x[: hp.num_train], labels[: hp.num_train])
@@ -177,6 +177,8 @@ class PartialOptimizerModule(LightningModule):
         super().__init__()
         self.save_hyperparameters(logger=False, ignore=["net"])
         self.net = net
+        # lightning-hydra-template calls self.hparams.optimizer; under LightningCLI hparams hold the config instead.
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
         self.val_acc = MulticlassAccuracy(num_classes)
         self.val_acc_best = MaxMetric()
@@ -210,10 +212,10 @@ class PartialOptimizerModule(LightningModule):
         return self(batch[0]).argmax(dim=1)
 
     def configure_optimizers(self) -> dict:
-        optimizer = self.hparams.optimizer(params=self.trainer.model.parameters())
-        if self.hparams.scheduler is None:
+        optimizer = self.optimizer(params=self.trainer.model.parameters())
+        if self.scheduler is None:
             return {"optimizer": optimizer}
-        scheduler = self.hparams.scheduler(optimizer=optimizer)
+        scheduler = self.scheduler(optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
 
 
@@ -242,7 +244,7 @@ class SaturatingClassifier(LightningModule):
     """A classifier of well separated classes: validation accuracy reaches 1.0 in the first epoch and stays there,
     so the monitored ``val/acc`` (mode max) never improves again."""
 
-    def __init__(self, dim: int = 4, num_classes: int = 3, lr: float = 0.1) -> None:
+    def __init__(self, dim: int = 4, num_classes: int = 3, lr: float = 1.0) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.layer = nn.Linear(dim, num_classes)
