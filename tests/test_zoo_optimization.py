@@ -5,14 +5,19 @@ plain LightningCLI on the same module.
 - tests.zoo.GAN (manual optimization, two optimizers, a network without gradient in each backward pass): without
   configs/find_unused.yaml it stops in one paragraph naming the parameters; with it, it trains, resumes from a
   shorter run to the very parameters of an uninterrupted one, and predicts. Plain LightningCLI needs no
-  find_unused (one process, no DDP); it gives the same predictions from the template's checkpoint. It has no
-  validation step, so it gets no validate (tests/test_zoo_monitoring.py checks that refusal).
+  find_unused (one process, no DDP); it gives the same predictions from the template's checkpoint. Stopped by
+  SIGTERM after its first batch, it saves both optimizers and the same command continues to the same step count.
+  It has no validation step, so it gets no validate (tests/test_zoo_monitoring.py checks that refusal).
 - tests.zoo.PartialOptimizerModule (a network, a partial optimizer and scheduler passed in, hydra style): it trains
   with its own default optimizer and the scheduler of its config, keeps its data module's batch size, and its
   checkpoints move both ways between the template and plain LightningCLI.
 """
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +27,14 @@ from tests.helpers import (
     DDP_YAML,
     REPO,
     cli_job,
+    finish,
     job_output,
     plain_lightning_cli,
     plain_predictions,
     probe_args,
     probe_records,
     succeeded,
+    wait_for_hold,
 )
 
 FIND_UNUSED_YAML = str(REPO / "configs" / "find_unused.yaml")
@@ -47,7 +54,30 @@ def gan(tmp_path_factory):
         "whole": cli_job(workdir, "whole", *fit, "--trainer.max_epochs=2", *probe_args(workdir / "probe-whole")),
         "again": cli_job(workdir, "whole", *fit, "--trainer.max_epochs=2"),
         "predict": cli_job(workdir, "whole", "predict", "-c", DDP_YAML, *GAN),
+        **preempted(workdir, *fit, "--trainer.max_epochs=2"),
     }
+
+
+def preempted(workdir: Path, *fit: str) -> dict:
+    """The run ``preempted``: sent SIGTERM while its ranks hold after their first batch (two optimizer steps), its
+    last.ckpt then, and the same command again."""
+    hold = workdir / "sigterm.hold"
+    hold.touch()
+    holding = [
+        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks.step=2",
+        f"--trainer.callbacks.hold_file={hold}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RUN_ID": "preempted"}
+    command = [sys.executable, str(REPO / "cli.py"), *fit, *holding]
+    process = subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    wait_for_hold(hold, 2, process)
+    process.send_signal(signal.SIGTERM)
+    stopped = finish(process)
+    saved = torch.load(workdir / "logs" / "gan" / "preempted" / "checkpoints" / "last.ckpt", weights_only=True)
+    return {"stopped": stopped, "stopped_checkpoint": saved, "continued": cli_job(workdir, "preempted", *fit)}
 
 
 def gan_checkpoint(gan: dict, run_id: str) -> dict:
@@ -119,6 +149,18 @@ def test_a_gan_predicts_through_the_template_what_plain_lightning_cli_predicts(g
     assert written.shape == (24, 8)  # tests.zoo.Samples: 24 latent vectors, samples of 8 numbers
     checkpoint = gan["workdir"] / "logs" / "gan" / "whole" / "checkpoints" / "last.ckpt"
     torch.testing.assert_close(written, plain_predictions(checkpoint, *GAN))
+
+
+@pytest.mark.distributed
+def test_a_gan_stopped_by_sigterm_saves_both_optimizers_mid_epoch_and_the_same_command_continues(gan):
+    assert "Stopped by a signal at epoch 0, step 2: saved logs/gan/preempted/checkpoints/last.ckpt" in gan["stopped"]
+    saved = gan["stopped_checkpoint"]
+    assert saved["global_step"] == 2
+    for optimizer in saved["optimizer_states"]:  # each stepped once, every parameter of its network
+        assert [state["step"] for state in optimizer["state"].values()] == [1, 1, 1, 1]
+    continued = succeeded(gan["continued"])
+    assert re.search(r"Resuming from \S+/logs/gan/preempted/checkpoints/last\.ckpt \(epoch 0, step 2\)", continued)
+    assert gan_checkpoint(gan, "preempted")["global_step"] == gan_checkpoint(gan, "whole")["global_step"]
 
 
 HYDRA_STYLE = """\
