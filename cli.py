@@ -1,7 +1,7 @@
 """Train, validate, test or predict any LightningModule / LightningDataModule chosen by ``class_path``:
 
     python cli.py fit -c configs/ddp.yaml                   # one node: every visible GPU, or 2 CPU processes
-    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (README: "Multi-node")
+    ./scripts/run_ddp_train.sh 0,1,2,3 NODE_RANK            # one node of several (docs/multi-node.md)
 
 Every behaviour of a run is declared in configs/ddp.yaml; this file builds the CLI and reports a config mistake.
 """
@@ -23,12 +23,12 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy
-from training.checks import config_problem, instantiation_problem, refused_setting
-from training.config_loader import use_omegaconf_loader
-from training.fingerprint import config_items
-from training.parser import Parser
-from training.resume import past_end, resume_path
-from training.run_record import RunRecord, name_the_logger
+from training.checkpoints.resume import past_end, resume_path
+from training.config.checks import config_problem, instantiation_problem, refused_setting
+from training.config.loader import use_omegaconf_loader
+from training.config.parser import Parser
+from training.job.fingerprint import config_items
+from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
 # forked from this process share its memory pages instead of copying each one the collector would touch.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint_io import AtomicCheckpointIO
+from training.checkpoints.atomic_io import AtomicCheckpointIO
 
 GOAL = 0.20  # the most the background may block, as a share of the synchronous save
 

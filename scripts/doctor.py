@@ -27,8 +27,8 @@ import yaml
 from torch.distributed import PrefixStore, TCPStore
 
 from scripts import comm_bench, cpu_check, gpu_check
-from training.fingerprint import code_digest, config_items, items_digest
-from training.startup import Member, StartupError, describe, handshake
+from training.job.fingerprint import code_digest, config_items, items_digest
+from training.job.startup import Member, StartupError, describe, handshake
 
 MIN_SHM_BYTES = 512 << 20
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)

@@ -103,7 +103,7 @@ def run_cli(tmp_path, monkeypatch):
 @pytest.fixture
 def two_hosts():
     """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
-    from tests.hosts import network_namespaces
+    from tests.helpers.hosts import network_namespaces
 
     with network_namespaces(f"{os.getpid() % 100000}") as hosts:
         yield hosts
@@ -112,7 +112,7 @@ def two_hosts():
 @pytest.fixture(scope="module")
 def two_hosts_for_module():
     """The same two hosts for every test of a module that shares one run."""
-    from tests.hosts import network_namespaces
+    from tests.helpers.hosts import network_namespaces
 
     with network_namespaces(f"{os.getpid() % 100000}m") as hosts:
         yield hosts

@@ -5,7 +5,7 @@ import math
 import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
-from tests.probe import OptimizerStepProbe
+from tests.helpers.probe import OptimizerStepProbe
 
 ACCUMULATE_YAML = REPO / "configs" / "accumulate.yaml"
 
@@ -26,7 +26,7 @@ def test_optimizer_steps_once_per_accumulated_group_with_clipped_gradients(run_c
         "--trainer.limit_val_batches=0",
         "--trainer.logger=false",
         "--data.init_args.noise=100",  # targets far off: gradients far above the clipping norm
-        "--trainer.callbacks+=tests.probe.OptimizerStepProbe",
+        "--trainer.callbacks+=tests.helpers.probe.OptimizerStepProbe",
     )
     probe = next(c for c in result.trainer.callbacks if isinstance(c, OptimizerStepProbe))
 

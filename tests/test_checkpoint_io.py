@@ -13,8 +13,8 @@ import torch
 
 from benchmarks import checkpoint_save
 from tests.helpers import DDP_YAML, SINGLE_PROCESS
-from training.checkpoint_io import AtomicCheckpointIO
-from training.combinations import combination_problem
+from training.checkpoints.atomic_io import AtomicCheckpointIO
+from training.config.trainer_settings import combination_problem
 
 
 def state(step: int) -> dict:
@@ -59,9 +59,9 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoints_loadab
 
 def test_a_run_ends_after_its_last_write_and_resumes_from_its_newest_complete_checkpoint(run_cli, tmp_path, caplog):
     plugin = tmp_path / "held.yaml"
-    plugin.write_text("trainer:\n  plugins:\n    - class_path: tests.probe.SavesAfterTrainingEnds\n")
+    plugin.write_text("trainer:\n  plugins:\n    - class_path: tests.helpers.probe.SavesAfterTrainingEnds\n")
     args = ["fit", "-c", DDP_YAML, "-c", str(plugin), *SINGLE_PROCESS, "--trainer.limit_train_batches=4"]
-    args += ["--trainer.limit_val_batches=2", "--trainer.callbacks+=tests.probe.ReleaseSaves"]
+    args += ["--trainer.limit_val_batches=2", "--trainer.callbacks+=tests.helpers.probe.ReleaseSaves"]
     run_cli(*args, "--trainer.max_epochs=1")
     # The writes could only begin once training had ended: the run returned after they were complete.
     checkpoints = tmp_path / "logs" / "toy" / "default" / "checkpoints"

@@ -11,8 +11,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
-from training.checks import refused_setting
-from training.combinations import devices_problem
+from training.config.checks import refused_setting
+from training.config.trainer_settings import devices_problem
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):

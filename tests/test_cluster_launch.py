@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.helpers import check_ranks, copy_project, finish, launcher_env, probe_args, processes_in, wait_for_hold
-from tests.hosts import network_namespaces, ssh_servers
+from tests.helpers.hosts import network_namespaces, ssh_servers
 
 pytestmark = pytest.mark.distributed
 
@@ -62,7 +62,7 @@ def launch_cluster(cluster: Cluster, hostfile: Path, gpus: str, *args: str, **se
 
 @pytest.fixture(scope="module")
 def trained(cluster):
-    """A one-epoch run, 2 processes on each host: its output and where tests.probe.RankProbe wrote."""
+    """A one-epoch run, 2 processes on each host: its output and where tests.helpers.probe.RankProbe wrote."""
     probe = cluster.project.parent / "probe"
     process = launch_cluster(cluster, cluster.hostfile, "cpu:2", "--trainer.max_epochs=1", *probe_args(probe))
     return finish(process), probe
@@ -127,7 +127,7 @@ def held_run(hold: Path) -> list[str]:
     hold.touch()
     return [
         "--trainer.max_epochs=1000",
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         "--trainer.callbacks.step=2",
         f"--trainer.callbacks.hold_file={hold}",
     ]
@@ -249,7 +249,7 @@ def test_an_elastic_job_goes_on_when_a_node_fails_and_takes_it_back_when_the_lau
     alone.touch()
     settings = {"RUN_ID": "elastic", "LOG_DIR": "logs/elastic", "LAUNCHER": "torchrun", "MIN_NODES": "1"}
     args = [*held_run(kill), "--trainer.callbacks.world_size=2", "--trainer.max_epochs=2"]
-    args += ["--trainer.callbacks+=tests.probe.HoldAtStep", "--trainer.callbacks.step=3"]
+    args += ["--trainer.callbacks+=tests.helpers.probe.HoldAtStep", "--trainer.callbacks.step=3"]
     args += [f"--trainer.callbacks.hold_file={alone}", "--trainer.callbacks.world_size=1"]
     args.append("--trainer.strategy.init_args.peer_timeout=0:00:10")
     process = launch_cluster(cluster, cluster.hostfile, "cpu:1", *args, ELASTIC_WAIT="5", **settings)
@@ -266,9 +266,11 @@ def test_an_elastic_job_goes_on_when_a_node_fails_and_takes_it_back_when_the_lau
     assert "starting node 1 (10.231.0.2) again" in output
     node0 = printed_by(output, 0, cluster.hosts[0])
     assert "error: the job lost node 1" in node0
-    # Node 1 back before node 0's restart gathered: [2, 2]; after it: [2, 1, 2] (node 0 waits at step 3 alone).
+    # Node 1 back before node 0's restart gathered: [2, 2]; after it: [2, 1, 2] (node 0 waits at step 3 alone). On a
+    # busy machine node 1 may first arrive after ELASTIC_WAIT: node 0 starts alone and the job re-forms on both.
     sizes = [int(line.rsplit("=", 1)[1]) for line in node0.splitlines() if "group_world_size=" in line]
-    assert sizes in ([2, 2], [2, 1, 2]), f"the rounds of node 0's torchrun: {sizes}"
+    rounds = sizes[1:] if sizes[:2] == [1, 2] else sizes
+    assert rounds in ([2, 2], [2, 1, 2]), f"the rounds of node 0's torchrun: {sizes}"
     assert "node 1 (10.231.0.2) finished" in output
     assert output.rstrip().endswith("every node finished"), output
     checkpoint = torch.load(

@@ -149,17 +149,16 @@ def test_hadolint_finds_nothing():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def readme_docker_commands() -> list[list[str]]:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("\n## Docker\n") :]
-    section = section[: section.index("\n## ", 1)]
+def documented_docker_commands() -> list[list[str]]:
+    page = (REPO / "docs" / "multi-node.md").read_text()
+    section = page.split("\n## Docker\n", 1)[1].split("\n## ", 1)[0]  # the Docker section, to the next one
     blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
     return [shlex.split(line, comments=True) for line in lines if line.startswith("docker ")]
 
 
-def test_readme_docker_commands_match_the_image():
-    commands = readme_docker_commands()
+def test_documented_docker_commands_match_the_image():
+    commands = documented_docker_commands()
     (build,) = [c for c in commands if c[1] == "build"]
     image = build[build.index("-t") + 1]
     runs = [c for c in commands if c[1] == "run"]

@@ -4,7 +4,7 @@ streaming a shard directory with a global batch of 24, and a 2-node job resumed 
 The elastic run: the three nodes hold 6 steps into epoch 1; host 3's link is cut there; hosts 1
 and 2 go on from the last checkpoint at world size 2 and hold again 4 steps later; host 3's launcher, stopped
 meanwhile, is started again once its link is back, and the job goes on at world size 3 until it ends. Every
-rank logs the pairs of each batch it trains (tests.probe.SampleLog), so the tests can rebuild the training the
+rank logs the pairs of each batch it trains (tests.helpers.probe.SampleLog), so the tests can rebuild the training the
 job kept (for each step, the last attempt that trained it) and check it pair by pair.
 """
 
@@ -94,7 +94,7 @@ def project(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def elastic(project, tmp_path_factory):
-    from tests.hosts import network_namespaces, set_link
+    from tests.helpers.hosts import network_namespaces, set_link
 
     root = tmp_path_factory.mktemp("run")
     with network_namespaces(f"{time.monotonic_ns() % 100000}e", count=3) as hosts:
@@ -112,13 +112,13 @@ def elastic(project, tmp_path_factory):
         first.touch()
         second.touch()
         args = [
-            "--trainer.callbacks+=tests.probe.SampleLog",
+            "--trainer.callbacks+=tests.helpers.probe.SampleLog",
             f"--trainer.callbacks.out_dir={root / 'samples'}",
-            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
             f"--trainer.callbacks.step={STEPS_PER_EPOCH + 6}",
             f"--trainer.callbacks.hold_file={first}",
             "--trainer.callbacks.world_size=3",
-            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
             f"--trainer.callbacks.step={STEPS_PER_EPOCH + 10}",
             f"--trainer.callbacks.hold_file={second}",
             "--trainer.callbacks.world_size=2",
@@ -161,9 +161,9 @@ def by_hand(project, tmp_path_factory):
     hold.touch()
     settings = {"MASTER_PORT": str(free_port()), "RUN_ID": "by-hand", "STOP_TIMEOUT": "60"}
     args = [
-        "--trainer.callbacks+=tests.probe.SampleLog",
+        "--trainer.callbacks+=tests.helpers.probe.SampleLog",
         f"--trainer.callbacks.out_dir={root / 'samples'}",
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         f"--trainer.callbacks.step={STEPS_PER_EPOCH + 6}",
         f"--trainer.callbacks.hold_file={hold}",
     ]

@@ -32,8 +32,8 @@ from tests.helpers import (
     torchrun_workers,
     wait_for_hold,
 )
-from training.checkpoint_io import AtomicCheckpointIO
-from training.preemption import CHECK_PERIOD, PreemptionCheckpoint
+from training.checkpoints.atomic_io import AtomicCheckpointIO
+from training.checkpoints.preemption import CHECK_PERIOD, PreemptionCheckpoint
 
 STEPS_PER_EPOCH = 64  # 8192 samples / (64 per batch * 2 processes)
 EPOCHS = 3
@@ -49,7 +49,7 @@ def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_
     # The first batch is timed without the work callbacks after PreemptionCheckpoint do (1 ms here); every
     # later one takes PACE. The agreement period must not be set by that first batch.
     clock = [0.0]
-    monkeypatch.setattr("training.preemption.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("training.checkpoints.preemption.time.monotonic", lambda: clock[0])
     epoch_loop = SimpleNamespace(_broadcast_sigterm_tensor=None)
     trainer = SimpleNamespace(
         world_size=1, fit_loop=SimpleNamespace(epoch_loop=epoch_loop), strategy=SimpleNamespace(launcher=None)
@@ -75,13 +75,13 @@ def run_args(epochs: int = EPOCHS, hold_at: int | None = None, hold_file: Path |
     args = [
         f"--trainer.max_epochs={epochs}",
         "--model.init_args.dropout=0.2",
-        "--trainer.callbacks+=tests.probe.SlowDown",
+        "--trainer.callbacks+=tests.helpers.probe.SlowDown",
         f"--trainer.callbacks.seconds={PACE}",
         "--trainer.callbacks.progress_file=progress.step",
     ]
     if hold_at is not None:
         args += [
-            "--trainer.callbacks+=tests.probe.HoldAtStep",
+            "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
             f"--trainer.callbacks.step={hold_at}",
             f"--trainer.callbacks.hold_file={hold_file}",
         ]

@@ -109,7 +109,7 @@ def test_on_cpu_lightning_refuses_fsdp_with_the_reason(run_cli, capsys):
 
 def fit_then_reload_a_sharded_checkpoint(workdir: Path, processes: int, *args: str, name: str = "toy") -> None:
     """Train, check the sharded checkpoint directory, then validate from it and resume from it."""
-    probe = ["--trainer.callbacks+=tests.probe.MetricProbe", f"--trainer.callbacks.out_dir={workdir / 'probe'}"]
+    probe = ["--trainer.callbacks+=tests.helpers.probe.MetricProbe", f"--trainer.callbacks.out_dir={workdir / 'probe'}"]
     common = ["-c", DDP_YAML, "-c", str(FSDP_YAML), "--trainer.accelerator=gpu", f"--trainer.devices={processes}"]
     common += args
     cli = str(REPO / "cli.py")

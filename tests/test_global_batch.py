@@ -1,4 +1,5 @@
-"""training/elastic.py in-process: the global batch kept at every size of a job, and the node count torchrun gives."""
+"""training/job/elastic.py in-process: the global batch kept at every size of a job, and the node count torchrun
+gives."""
 
 from types import SimpleNamespace
 
@@ -7,7 +8,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from training.elastic import GlobalBatch, nodes_present
+from training.job.elastic import GlobalBatch, nodes_present
 
 
 class Model(LightningModule):

@@ -1,5 +1,5 @@
 """The Kubernetes manifests of scripts/k8s: what they declare, the commands and environments their pods get
-(tests/k8s_pods.py plays Kubeflow's part), and two pods of each kind simulated as processes on this machine."""
+(tests/helpers/k8s_pods.py plays Kubeflow's part), and two pods of each kind simulated as processes on this machine."""
 
 import contextlib
 import io
@@ -16,7 +16,7 @@ import yaml
 from torch.distributed.run import parse_args
 
 from tests.helpers import REPO, copy_project, free_port, probe_args, probe_records
-from tests.k8s_pods import K8S, Pod, load, node_template, pytorchjob_pods, trainjob_pods
+from tests.helpers.k8s_pods import K8S, Pod, load, node_template, pytorchjob_pods, trainjob_pods
 
 NUM_TRAIN = 4096  # 16 steps per epoch on each of 4 ranks
 HOLD_STEP = 18  # in the second epoch: the first one's last.ckpt is on the shared volume
@@ -193,7 +193,7 @@ def trainjob(tmp_path_factory):
     hold = root / "kill.hold"
     hold.touch()
     args = ["--trainer.max_epochs=2", f"--data.init_args.num_train={NUM_TRAIN}", *probe_args(root / "probe")]
-    args += ["--trainer.callbacks+=tests.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
+    args += ["--trainer.callbacks+=tests.helpers.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
     pods = pods_of("trainjob", on_cpu("trainjob", 2, *args, f"--trainer.callbacks.hold_file={hold}"))
     first = start(pods, root, "first")
     deadline = time.monotonic() + 600

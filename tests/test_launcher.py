@@ -97,7 +97,7 @@ def test_torchrun_launcher_runs_the_same_job(tmp_path):
 
 def start_long_run(node: Path, gpus: str = "cpu:2", **settings: str) -> subprocess.Popen:
     """A run that trains until stopped, returned once it has trained a few steps."""
-    pace = ["--trainer.callbacks+=tests.probe.SlowDown", "--trainer.callbacks.seconds=0.001"]
+    pace = ["--trainer.callbacks+=tests.helpers.probe.SlowDown", "--trainer.callbacks.seconds=0.001"]
     progress = node / "train.step"
     process = launch(
         node,

@@ -1,4 +1,5 @@
-"""The heartbeat of training/liveness.py on a real TCPStore, without training: who is lost, when, and the paragraph.
+"""The heartbeat of training/heartbeat/liveness.py on a real TCPStore, without training: who is lost, when, and the
+paragraph.
 
 Each test runs several processes' heartbeats as objects in this process; the exit that ends a real process is
 replaced by a record of it. tests/test_lost_node.py runs the same on real jobs.
@@ -14,9 +15,9 @@ import pytest
 from torch.distributed import TCPStore
 
 from tests.helpers import free_port
-from training import liveness, lost_peer
-from training.hearing import Heard
-from training.liveness import Liveness
+from training.heartbeat import liveness, why_stopped
+from training.heartbeat.heard import Heard
+from training.heartbeat.liveness import Liveness
 
 PEER_TIMEOUT = timedelta(seconds=2)
 # A peer_timeout longer than these tests take: only the failed collective's own wait can end them.
@@ -266,4 +267,4 @@ def test_a_collective_timeout_with_every_peer_alive_names_the_collective_and_the
     ],
 )
 def test_collective_failures_are_told_from_other_errors(error, collective):
-    assert lost_peer.is_collective_failure(error) == collective
+    assert why_stopped.is_collective_failure(error) == collective

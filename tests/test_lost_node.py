@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_everything_stopped, copy_project, free_port, launch, processes_in, wait_for_hold
-from tests.hosts import set_link
+from tests.helpers.hosts import set_link
 
 pytestmark = pytest.mark.distributed
 
@@ -38,7 +38,7 @@ def job_args(hold_at: int, hold_file: Path, peer_timeout: int = PEER_TIMEOUT) ->
         f"--trainer.max_epochs={EPOCHS}",
         f"--data.init_args.num_train={NUM_TRAIN}",
         f"--trainer.strategy.init_args.peer_timeout=0:00:{peer_timeout:02d}",
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         f"--trainer.callbacks.step={hold_at}",
         f"--trainer.callbacks.hold_file={hold_file}",
     ]
@@ -66,7 +66,7 @@ def cut_link(tmp_path_factory, two_hosts_for_module):
     save_hold.touch()
     step_hold.touch()
     args = [
-        "--trainer.callbacks+=tests.probe.HoldInSave",
+        "--trainer.callbacks+=tests.helpers.probe.HoldInSave",
         "--trainer.callbacks.rank=1",
         f"--trainer.callbacks.hold_file={save_hold}",
         *job_args(STEPS_PER_EPOCH + 1, step_hold),  # one step after the first checkpoint
@@ -126,7 +126,8 @@ def test_each_node_names_the_other_in_one_paragraph(cut_link):
         assert saved in output
         assert f"once node {1 - rank} is back (or replaced), run the same command on every node again" in output
         command = f"MASTER_ADDR=10.231.0.1 MASTER_PORT=29500 NUM_NODES=2 PYTHON={sys.executable} "
-        command += f"{project}/scripts/run_ddp_train.sh cpu:1 {rank} --trainer.callbacks+=tests.probe.HoldInSave "
+        command += f"{project}/scripts/run_ddp_train.sh cpu:1 {rank} "
+        command += "--trainer.callbacks+=tests.helpers.probe.HoldInSave "
         assert f"this node was started with: {command}" in output
 
 

@@ -11,7 +11,7 @@ import requests
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, made_once, pip_install, run_script, serve
-from training.mlflow_logger import RUN_TAG, MLFlowLogger
+from training.run.mlflow_logger import RUN_TAG, MLFlowLogger
 
 MLFLOW_YAML = str(REPO / "configs" / "mlflow.yaml")
 STEPS = 4  # training steps per epoch
@@ -129,7 +129,7 @@ def test_only_global_rank_zero_talks_to_the_tracking_server(monkeypatch):
 
 
 def test_mlflow_yaml_without_mlflow_names_the_requirements_file(run_cli, monkeypatch, capsys):
-    monkeypatch.setattr("training.mlflow_logger.find_spec", lambda name: None)
+    monkeypatch.setattr("training.run.mlflow_logger.find_spec", lambda name: None)
     with pytest.raises(SystemExit) as exit_info:
         fit(run_cli, "--trainer.max_epochs=1")
     assert exit_info.value.code == 2

@@ -25,7 +25,7 @@ from tests.helpers import (
     serve,
     wait_for_hold,
 )
-from training.storage import storage_problem
+from training.run.storage import storage_problem
 
 BUCKET = "runs"
 LOGS = f"s3://{BUCKET}/logs"
@@ -92,7 +92,7 @@ def killed(s3, workdir):
     """The run, killed (SIGKILL to every process) while its ranks hold in epoch 1."""
     hold = workdir / "kill.hold"
     hold.touch()
-    args = fit_args("--trainer.callbacks+=tests.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}")
+    args = fit_args("--trainer.callbacks+=tests.helpers.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}")
     process = subprocess.Popen(
         [sys.executable, str(REPO / "cli.py"), *args, f"--trainer.callbacks.hold_file={hold}"],
         cwd=workdir,
@@ -116,7 +116,7 @@ def killed(s3, workdir):
 
 @pytest.fixture(scope="module")
 def resumed(s3, workdir, killed):
-    """The same command again, with tests.probe.RankProbe."""
+    """The same command again, with tests.helpers.probe.RankProbe."""
     args = [str(REPO / "cli.py"), *fit_args(), *probe_args(workdir / "probe")]
     result = run_script(args, cwd=workdir, env=s3.env)
     output = result.stdout + result.stderr
@@ -205,7 +205,7 @@ def test_an_object_store_without_its_client_names_the_requirements_file(monkeypa
     def no_client(protocol: str):
         raise ImportError(f"Install s3fs to access {protocol}")
 
-    monkeypatch.setattr("training.storage.fsspec.get_filesystem_class", no_client)
+    monkeypatch.setattr("training.run.storage.fsspec.get_filesystem_class", no_client)
     settings = {"trainer": {"logger": {"init_args": {"save_dir": "s3://runs/logs"}}}}
     assert storage_problem(settings) == (
         "the logger's save_dir is s3://runs/logs: reading and writing s3:// URLs needs s3fs, which is not installed. "

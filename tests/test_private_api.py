@@ -13,7 +13,14 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from tests.helpers import REPO
-from training.private_api import CHECKED_WITH, attach_mlflow_run, logged_names, omegaconf_loader, stop_sigterm_broadcast
+from training.private_api import (
+    CHECKED_WITH,
+    AppendingExperimentWriter,
+    attach_mlflow_run,
+    logged_names,
+    omegaconf_loader,
+    stop_sigterm_broadcast,
+)
 
 
 def moved(library: str, installed: str, use: str) -> str:
@@ -50,6 +57,18 @@ def test_lightning_still_logs_to_the_mlflow_run_it_was_given():
     source = inspect.getsource(type(logger).experiment.fget)
     assert "if self._run_id is not None:" in source, moved("lightning", lightning.__version__, use)
     assert "self._mlflow_client.get_run(self._run_id)" in source, moved("lightning", lightning.__version__, use)
+
+
+def test_lightnings_csv_writer_still_deletes_the_metrics_it_finds_from_one_method_that_can_be_kept_from_it(tmp_path):
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    use = "ExperimentWriter._check_log_dir_exists, which deletes metrics.csv from the constructor"
+    metrics = tmp_path / ExperimentWriter.NAME_METRICS_FILE
+    metrics.write_text("epoch,step\n0,0\n")
+    AppendingExperimentWriter(str(tmp_path))
+    assert metrics.read_text() == "epoch,step\n0,0\n", moved("lightning", lightning.__version__, use)
+    ExperimentWriter(str(tmp_path))
+    assert not metrics.exists(), "Lightning's writer keeps the file now: training/run/csv_logger.py may use it as it is"
 
 
 class LogsAtBothLevels(BoringModel):

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import yaml
 
 from tests.helpers import DDP_YAML, SINGLE_PROCESS
-from training.fingerprint import code_digest, imported_code
-from training.resume import checkpoint_problem, counters, past_end
+from training.checkpoints.resume import checkpoint_problem, counters, past_end
+from training.job.fingerprint import code_digest, imported_code
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, run_script
-from training.run_lock import LockFile
+from training.run.lock import LockFile
 
 ONE_EPOCH = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 

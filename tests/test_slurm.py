@@ -1,4 +1,4 @@
-"""scripts/slurm.sbatch on a real Slurm (tests/slurm_cluster.py: two nodes on this machine) as a user submits it
+"""scripts/slurm.sbatch on a real Slurm (tests/helpers/slurm_cluster.py: two nodes on this machine) as a user submits it
 from a fresh clone, on a cluster without GPUs: one job of 2 nodes x 2 tasks, stopped by the time-limit signal at
 a step it holds at, requeued, resumed and run to its end."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, copy_project, free_port, launcher_env, probe_args, probe_records
-from tests.slurm_cluster import SlurmCluster, install
+from tests.helpers.slurm_cluster import SlurmCluster, install
 
 HOLD_STEP = 10
 NUM_TRAIN = 16384  # 64 steps per epoch on each of the 4 ranks: the signal's checkpoint lands in epoch 0
@@ -42,13 +42,13 @@ def requeued(slurm, tmp_path_factory):
     submitted = slurm.run(
         "sbatch",
         "--parsable",
-        "--gpus-per-node=0",  # the cluster has no GPUs (no gres): README's way in for a CPU cluster
+        "--gpus-per-node=0",  # the cluster has no GPUs (no gres): docs/multi-node.md's way in for a CPU cluster
         f"--cpus-per-task={CPUS_PER_TASK}",
         "scripts/slurm.sbatch",
         "--trainer.max_epochs=1",  # the requeued attempt trains the rest of epoch 0
         f"--data.init_args.num_train={NUM_TRAIN}",
         *probe_args(root / "probe"),
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         f"--trainer.callbacks.step={HOLD_STEP}",
         f"--trainer.callbacks.hold_file={hold}",
         cwd=project,

@@ -11,8 +11,8 @@ import pytest
 from torch.distributed import HashStore
 
 from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, run_script
-from training import join_progress
-from training.startup import Member, StartupError, handshake
+from training.job import join_progress
+from training.job.startup import Member, StartupError, handshake
 
 FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
 

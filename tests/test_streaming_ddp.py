@@ -31,7 +31,7 @@ from tests.helpers import (
     wait_for_hold,
     write_pairs,
 )
-from training.preemption import CHECK_PERIOD
+from training.checkpoints.preemption import CHECK_PERIOD
 
 pytestmark = pytest.mark.distributed
 
@@ -51,7 +51,7 @@ SMALL = [
     "--model.init_args.dim_feedforward=64",
     "--model.init_args.dropout=0.1",  # resumed random states matter
     "--model.init_args.warmup_steps=10",
-    "--trainer.callbacks+=tests.probe.SlowDown",
+    "--trainer.callbacks+=tests.helpers.probe.SlowDown",
     f"--trainer.callbacks.seconds={PACE}",
     "--trainer.callbacks.progress_file=progress.step",
 ]
@@ -60,7 +60,7 @@ CHECKPOINT_EVERY = 25
 
 
 def logged(name: str) -> list[str]:
-    return ["--trainer.callbacks+=tests.probe.BatchLog", f"--trainer.callbacks.out_dir={name}"]
+    return ["--trainer.callbacks+=tests.helpers.probe.BatchLog", f"--trainer.callbacks.out_dir={name}"]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def last_checkpoint(project: Path, run_id: str) -> dict:
 
 def held_at(step: int, hold: Path) -> list[str]:
     return [
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         f"--trainer.callbacks.step={step}",
         f"--trainer.callbacks.hold_file={hold}",
     ]

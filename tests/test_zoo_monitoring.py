@@ -4,9 +4,10 @@ plain LightningCLI on the same module.
 
 - tests.zoo.PlateauClassifier logs ``val_loss`` (not the template's ``val/loss``) and steps a ReduceLROnPlateau on
   it: ``--monitor val_loss`` makes checkpointing watch it and name the best checkpoint by it. Its run logs with
-  ``--trainer.logger=CSVLogger``, is continued with more epochs, validated and predicted: metrics.csv keeps every
-  row. Plain LightningCLI needs no monitor (its ModelCheckpoint watches nothing) and writes a new CSV version per
-  command; the template keeps one run directory, so it must keep the rows itself.
+  ``--trainer.logger=training.CSVLogger``, is continued with more epochs, validated and predicted: its metrics.csv
+  files keep every row. Plain LightningCLI needs no monitor (its ModelCheckpoint watches nothing) and its CSVLogger
+  writes a new version per command; the template keeps one run directory, where Lightning's CSVLogger would delete
+  metrics.csv, so it takes its own.
 - tests.zoo.SaturatingClassifier: its ``val/acc`` (``--monitor val/acc --monitor_mode max``) reaches 1.0 in the
   first epoch and never improves: the best checkpoint stays there, last.ckpt follows the run to its end.
 - tests.zoo.NoValidation has no validation at all: it trains and keeps last.ckpt; validate is refused as plain
@@ -23,7 +24,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from tests.helpers import DDP_YAML, cli_job, job_output, plain_lightning_cli, plain_predictions, succeeded
-from training.resume import counters
+from training.checkpoints.resume import counters
 
 PLATEAU = ["--model", "tests.zoo.PlateauClassifier", "--data", "tests.zoo.Blobs"]
 SATURATING = ["--model", "tests.zoo.SaturatingClassifier", "--data", "tests.zoo.Blobs"]
@@ -69,7 +70,7 @@ def checkpoint_state(checkpoint: dict) -> dict:
 def plateau(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("plateau")
     run = workdir / "logs" / "plateau_classifier" / "plateau"
-    flags = ["-c", DDP_YAML, *PLATEAU, "--monitor", "val_loss", "--trainer.logger=CSVLogger"]
+    flags = ["-c", DDP_YAML, *PLATEAU, "--monitor", "val_loss", "--trainer.logger=training.CSVLogger"]
     commands = {
         "fit": ["fit", *flags, "--trainer.max_epochs=2"],
         "again": ["fit", *flags, "--trainer.max_epochs=2"],

@@ -36,7 +36,7 @@ from tests.helpers import (
     succeeded,
     wait_for_hold,
 )
-from training.resume import counters
+from training.checkpoints.resume import counters
 
 FIND_UNUSED_YAML = str(REPO / "configs" / "find_unused.yaml")
 GAN = ["--model", "tests.zoo.GAN", "--data", "tests.zoo.Samples"]
@@ -65,7 +65,7 @@ def preempted(workdir: Path, *fit: str) -> dict:
     hold = workdir / "sigterm.hold"
     hold.touch()
     holding = [
-        "--trainer.callbacks+=tests.probe.HoldAtStep",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
         "--trainer.callbacks.step=2",
         f"--trainer.callbacks.hold_file={hold}",
     ]

@@ -1,21 +1,23 @@
-from training.checkpoint_io import AtomicCheckpointIO
-from training.early_stopping import StayStopped
-from training.elastic import GlobalBatch
-from training.mlflow_logger import MLFlowLogger
-from training.monitor_check import MonitorCheck
-from training.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
-from training.preemption import PreemptionCheckpoint
-from training.profiler import ScheduledProfiler
-from training.progress_bar import ProgressBar
-from training.resume import ResumeReport
-from training.rng import RNGStateCheckpoint
-from training.run_lock import RunLock
-from training.startup import StartupError
+from training.callbacks.early_stopping import StayStopped
+from training.callbacks.monitor_check import MonitorCheck
+from training.callbacks.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
+from training.callbacks.progress_bar import ProgressBar
+from training.callbacks.unused_parameters import UnusedParameterCheck
+from training.checkpoints.atomic_io import AtomicCheckpointIO
+from training.checkpoints.preemption import PreemptionCheckpoint
+from training.checkpoints.resume import ResumeReport
+from training.checkpoints.rng_state import RNGStateCheckpoint
+from training.job.elastic import GlobalBatch
+from training.job.startup import StartupError
+from training.run.csv_logger import CSVLogger
+from training.run.lock import RunLock
+from training.run.mlflow_logger import MLFlowLogger
+from training.run.profiler import ScheduledProfiler
 from training.strategy import DDPStrategy
-from training.unused_parameters import UnusedParameterCheck
 
 __all__ = [
     "AtomicCheckpointIO",
+    "CSVLogger",
     "DDPStrategy",
     "GlobalBatch",
     "MLFlowLogger",

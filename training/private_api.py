@@ -12,6 +12,7 @@ from typing import Any
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
@@ -29,7 +30,7 @@ def omegaconf_loader() -> Callable[[str], Any]:
 def stop_sigterm_broadcast(trainer: Trainer) -> bool:
     """Turn off the broadcast of Lightning's SIGTERM flag after every training batch; False where it moved.
 
-    training/preemption.py agrees on stopping once a second instead (its docstring says why); Lightning has
+    training/checkpoints/preemption.py agrees on stopping once a second instead (its docstring says why); Lightning has
     no setting for its own broadcast, which costs a short step on gloo a tenth of its time.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
@@ -42,7 +43,7 @@ def stop_sigterm_broadcast(trainer: Trainer) -> bool:
 def attach_mlflow_run(logger: MLFlowLogger, run_id: str) -> None:
     """Make Lightning's MLFlowLogger log to the existing MLflow run ``run_id`` instead of creating one.
 
-    training/mlflow_logger.py finds the run of a run id on the logger's first use, on global rank 0 once the
+    training/run/mlflow_logger.py finds the run of a run id on the logger's first use, on global rank 0 once the
     processes started; Lightning takes an existing run only as the constructor's ``run_id``, which every process
     (and node) builds before it knows its rank, and which would make them all talk to the server.
     """
@@ -54,9 +55,9 @@ def logged_names(trainer: Trainer) -> set[str]:
     ``trainer.callback_metrics`` once Lightning has computed it: ``name``, and ``name_step``/``name_epoch`` for a
     value logged at both levels.
 
-    training/monitor_check.py needs them in the first training step, when ``callback_metrics`` holds the values of
-    the step only: a value logged with ``on_epoch=True`` alone appears there at the epoch's end. Lightning keeps
-    every logged value's settings in the loop's result collection, ``trainer._results``, public in no other way.
+    training/callbacks/monitor_check.py needs them in the first training step, when ``callback_metrics`` holds the
+    values of the step only: a value logged with ``on_epoch=True`` alone appears there at the epoch's end. Lightning
+    keeps every logged value's settings in the loop's result collection, ``trainer._results``, public in no other way.
     """
     names = set()
     for result in (trainer._results or {}).values():
@@ -66,3 +67,14 @@ def logged_names(trainer: Trainer) -> set[str]:
         levels = [on_step for on_step, logged in ((True, meta.on_step), (False, meta.on_epoch)) if logged]
         names |= {meta.name + suffix} | {meta.forked_name(on_step) + suffix for on_step in levels}
     return names
+
+
+class AppendingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV experiment writer, keeping the ``metrics.csv`` it finds in its directory.
+
+    training/run/csv_logger.py continues a run's metrics.csv across attempts; Lightning's writer deletes the file from
+    its constructor, in ``_check_log_dir_exists``, and no argument turns that off.
+    """
+
+    def _check_log_dir_exists(self) -> None:
+        """Keep the file: the logger appends to it."""

@@ -18,13 +18,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
-from training import lost_peer
-from training.checkpoint_agreement import loads_problem, model_mismatch
-from training.elastic import nodes_present
-from training.fingerprint import checkpoint_fact, code_digest
-from training.job_store import connect
-from training.liveness import Liveness
-from training.startup import Member, StartupError, handshake
+from training.checkpoints.agreement import loads_problem, model_mismatch
+from training.heartbeat import why_stopped
+from training.heartbeat.liveness import Liveness
+from training.job.elastic import nodes_present
+from training.job.fingerprint import checkpoint_fact, code_digest
+from training.job.startup import Member, StartupError, handshake
+from training.job.store import connect
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -38,7 +38,7 @@ class DDPStrategy(LightningDDPStrategy):
     Once the checkpoint is loaded, the processes check that they all loaded the same one and that it fits the
     model, again stopping with one paragraph.
 
-    While the job runs, every process sends a heartbeat through the same store (training/liveness.py); a
+    While the job runs, every process sends a heartbeat through the same store (training/heartbeat/liveness.py); a
     process not heard from for ``peer_timeout`` stops the job on every node that still runs, with one paragraph
     naming the lost node, the last complete checkpoint and the command that resumes, instead of a wait for the
     collective ``timeout``. A collective that fails is explained the same way.
@@ -46,7 +46,7 @@ class DDPStrategy(LightningDDPStrategy):
     Args:
         join_timeout: how long global rank 0 waits for every process to arrive, e.g. ``"0:10:00"``.
         peer_timeout: how long a process may go unheard before the job counts it as lost, e.g. ``"0:01:00"``.
-        min_nodes: the fewest nodes an elastic job goes on with, under torchrun (training/elastic.py);
+        min_nodes: the fewest nodes an elastic job goes on with, under torchrun (training/job/elastic.py);
             ``trainer.num_nodes`` is then the most. None: always ``trainer.num_nodes``.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
@@ -126,7 +126,7 @@ class DDPStrategy(LightningDDPStrategy):
         # SIGTERM's stop and Ctrl-C are no errors; a StartupError is already the whole job's verdict.
         if self.liveness is None or not isinstance(exception, Exception) or isinstance(exception, StartupError):
             return
-        if lost_peer.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
+        if why_stopped.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
             self.liveness.stop_job(paragraph)
         self.liveness.errored(exception)
 

@@ -18,7 +18,7 @@ import torch
 
 from data import RandomDataModule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DDP_YAML = str(REPO / "configs" / "ddp.yaml")
 # In-process runs stay in this pytest process: one device, no process group.
 SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1"]
@@ -141,13 +141,13 @@ def finish(process: subprocess.Popen, timeout: float = 600) -> str:
 
 
 def probe_args(out_dir: Path) -> list[str]:
-    return ["--trainer.callbacks+=tests.probe.RankProbe", f"--trainer.callbacks.out_dir={out_dir}"]
+    return ["--trainer.callbacks+=tests.helpers.probe.RankProbe", f"--trainer.callbacks.out_dir={out_dir}"]
 
 
 def run_job(
     workdir: Path, *args: str, probe_options: tuple[str, ...] = (), world_size: int = 2
 ) -> tuple[str, list[dict]]:
-    """Run ``python cli.py ARGS`` in ``workdir`` as a real job with tests.probe.RankProbe (``probe_options`` are
+    """Run ``python cli.py ARGS`` in ``workdir`` as a real job with tests.helpers.probe.RankProbe (``probe_options`` are
     its arguments); return the job's output and what each rank recorded."""
     probe = [*probe_args(workdir / "probe"), *probe_options]
     result = run_script([str(REPO / "cli.py"), *args, *probe], cwd=workdir)
@@ -157,7 +157,7 @@ def run_job(
 
 
 def probe_records(probe_dir: Path, world_size: int) -> list[dict]:
-    """What tests.probe.RankProbe saved for each rank, in rank order."""
+    """What tests.helpers.probe.RankProbe saved for each rank, in rank order."""
     return [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(world_size)]
 
 
@@ -215,7 +215,7 @@ def torchrun_workers(node: Path) -> list[int]:
 
 
 def wait_for_step(progress: Path, step: int, timeout: float = 300) -> None:
-    """Wait until the file tests.probe.SlowDown writes shows at least ``step``."""
+    """Wait until the file tests.helpers.probe.SlowDown writes shows at least ``step``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         written = progress.read_text() if progress.exists() else ""
@@ -226,7 +226,8 @@ def wait_for_step(progress: Path, step: int, timeout: float = 300) -> None:
 
 
 def wait_for_hold(hold_file: Path, world_size: int, process: subprocess.Popen, timeout: float = 600) -> None:
-    """Wait until every rank holds at the step of tests.probe.HoldAtStep; fail with the output if the run ended."""
+    """Wait until every rank holds at the step of tests.helpers.probe.HoldAtStep; fail with the output if the run
+    ended."""
     markers = [Path(f"{hold_file}.rank{rank}") for rank in range(world_size)]
     deadline = time.monotonic() + timeout
     while not all(marker.exists() for marker in markers):

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.distributed import Store
 
-from training.join_progress import WaitReport, waited_of, waiting
+from training.job.join_progress import WaitReport, waited_of, waiting
 
 PREFIX = "startup"
 # How long the other processes wait for rank 0's verdict beyond the join timeout itself.

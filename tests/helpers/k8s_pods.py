@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-K8S = Path(__file__).resolve().parents[1] / "scripts" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "scripts" / "k8s"
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 V2_PORT = 29500  # Kubeflow Trainer's ContainerTrainerPort

@@ -11,8 +11,8 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from training.run_record import run_directory
-from training.storage import is_remote
+from training.run.record import run_directory
+from training.run.storage import is_remote
 
 
 def unbatch(batch: Any) -> list[Any]:

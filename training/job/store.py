@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
-from training.startup import StartupError
+from training.job.startup import StartupError
 
 
 def connect(host: str, port: int, leader: bool, timeout: timedelta, node: str) -> Store:

@@ -13,7 +13,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from training.storage import parent
+from training.run.storage import parent
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

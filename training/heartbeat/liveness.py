@@ -5,8 +5,8 @@ thread with its own store client: training may sit in a collective, a checkpoint
 long as it likes without missing a beat, and no training step waits for it. A second thread only looks at the
 clock, so a store operation that never returns (a cut link) cannot hide a lost peer. When a peer has been
 silent for ``peer_timeout``, or the store itself (which lives in global rank 0's process, on node 0) has, every
-surviving process stops the job with one paragraph (training/lost_peer.py) and ``os._exit``: a gloo collective
-cannot be aborted, and the one in flight would wait out the strategy's collective timeout.
+surviving process stops the job with one paragraph (training/heartbeat/why_stopped.py) and ``os._exit``: a gloo
+collective cannot be aborted, and the one in flight would wait out the strategy's collective timeout.
 """
 
 import contextlib
@@ -22,8 +22,9 @@ from typing import Any
 
 from torch.distributed import Store
 
-from training import job_store, lost_peer
-from training.hearing import Hearing
+from training.heartbeat import why_stopped
+from training.heartbeat.heard import Hearing
+from training.job.store import connect
 
 PREFIX = "liveness"
 EXIT_STATUS = 1
@@ -40,7 +41,7 @@ class Liveness:
     """The heartbeat of one process and its watch over the others.
 
     Args:
-        store: ``(host, port)`` of the job's store (training/job_store.py).
+        store: ``(host, port)`` of the job's store (training/job/store.py).
         me: this process's ``rank``, ``node`` and ``local`` rank.
         world_size: the number of processes of the job.
         peer_timeout: how long a peer may stay silent before it counts as lost.
@@ -66,7 +67,7 @@ class Liveness:
         self.peer_timeout = peer_timeout
         self.period = beat_period(peer_timeout)
         self.progress = progress
-        self.describe = {"command": lost_peer.launch_command(), "collective_timeout": collective_timeout}
+        self.describe = {"command": why_stopped.launch_command(), "collective_timeout": collective_timeout}
         self.announce = announce
         self.state: dict[str, Any] = {"state": "running"}
         self.checkpoint: dict[str, Any] | None = None
@@ -111,13 +112,13 @@ class Liveness:
         """
         grace = min(FAILURE_GRACE, self.peer_timeout).total_seconds()
         failed_at = time.monotonic()
-        why = f"and a collective with it failed ({lost_peer.one_line(error)}), so this node stopped"
+        why = f"and a collective with it failed ({why_stopped.one_line(error)}), so this node stopped"
         while not (paragraph := self.verdict(grace, why, failed=True)) and not self._told(failed_at, grace):
             time.sleep(min(self.period, 0.5))
         if paragraph:
             return paragraph
-        if lost_peer.timed_out(error):
-            return lost_peer.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
+        if why_stopped.timed_out(error):
+            return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
         return None
 
     def _told(self, failed_at: float, grace: float) -> bool:
@@ -133,7 +134,7 @@ class Liveness:
 
     def errored(self, error: BaseException) -> None:
         """This process stops with its own error: the others name it instead of waiting for its silence."""
-        self.state = {"state": "failed", "error": lost_peer.one_line(error)}
+        self.state = {"state": "failed", "error": why_stopped.one_line(error)}
         self._publish()
 
     def stop_job(self, paragraph: str) -> None:
@@ -155,15 +156,15 @@ class Liveness:
         heard = dict(self.hearing.peers)
         for peer in heard.values():
             if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
-                return lost_peer.with_command(peer.beat["verdict"], self.describe["command"])
+                return why_stopped.with_command(peer.beat["verdict"], self.describe["command"])
         for peer in heard.values() if failed else ():
             if peer.beat.get("state") == "failed":
-                return lost_peer.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
+                return why_stopped.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
         if now - self.hearing.store > silence:
             zero = heard[0].beat if 0 in heard else {}
             if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
                 return None
-            return lost_peer.store_lost(zero, self.store_address, self.hearing.store_at, why, self._tail("node 0"))
+            return why_stopped.store_lost(zero, self.store_address, self.hearing.store_at, why, self._tail("node 0"))
         if not self.hearing.fresh(now):
             return None
         silent = self.hearing.silent(now, silence)
@@ -172,12 +173,12 @@ class Liveness:
         nodes = {peer.beat["node"] for peer in silent.values() if peer is not None}
         whole = [node for node in sorted(nodes) if all(r in silent for r, p in heard.items() if p.beat["node"] == node)]
         lost = " and ".join(f"node {node}" for node in whole) or None
-        return lost_peer.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
+        return why_stopped.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
 
     def _tail(self, lost: str | None) -> str:
         zero = self.hearing.peers.get(0)
         checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
-        return lost_peer.tail(lost, self.progress(), checkpoint, self.describe["command"])
+        return why_stopped.tail(lost, self.progress(), checkpoint, self.describe["command"])
 
     def _beat_value(self) -> str:
         self.count += 1
@@ -226,7 +227,7 @@ class Liveness:
         # Longer than peer_timeout: a store that stops answering is the watch's to report, without the warning
         # torch prints when an operation times out.
         timeout = max(2 * self.peer_timeout, timedelta(seconds=5))
-        return job_store.connect(host, port, False, timeout, f"node {self.me['node']}")
+        return connect(host, port, False, timeout, f"node {self.me['node']}")
 
     def _watch(self) -> None:
         while not self.stopped.wait(self.period):

@@ -1,6 +1,6 @@
 """The paragraphs that explain a job stopped by a lost peer, a failed peer or a collective that timed out.
 
-A heartbeat (training/liveness.py) is a dict: ``rank``, ``node``, ``local``, ``host``, ``address``, ``state``
+A heartbeat (training/heartbeat/liveness.py) is a dict: ``rank``, ``node``, ``local``, ``host``, ``address``, ``state``
 and, from global rank 0, the last complete ``checkpoint``.
 """
 

@@ -17,7 +17,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from training.storage import is_remote, parent, shown
+from training.run.storage import is_remote, parent, shown
 
 
 def checkpoint_dir(trainer: Trainer) -> str | None:

@@ -8,12 +8,13 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from training.combinations import combination_problem, trainer_problem
-from training.mlflow_logger import mlflow_problem
-from training.parser import optimizer_problem
-from training.resume import checkpoint_problem
-from training.startup import StartupError
-from training.storage import storage_problem
+from training.checkpoints.resume import checkpoint_problem
+from training.config.parser import optimizer_problem
+from training.config.trainer_settings import combination_problem, trainer_problem
+from training.job.startup import StartupError
+from training.run.csv_logger import logger_problem
+from training.run.mlflow_logger import mlflow_problem
+from training.run.storage import storage_problem
 
 FIX = "Fix the trainer settings in the config files or on the command line."
 
@@ -28,6 +29,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or trainer_problem(settings)
         or combination_problem(settings)
         or mlflow_problem(settings)
+        or logger_problem(settings)
     )
 
 

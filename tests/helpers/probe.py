@@ -12,7 +12,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 
-from training.checkpoint_io import AtomicCheckpointIO
+from training.checkpoints.atomic_io import AtomicCheckpointIO
 
 
 class RankProbe(Callback):

@@ -12,8 +12,9 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from training.fingerprint import config_items
-from training.mlflow_logger import MLFlowLogger
+from training.job.fingerprint import config_items
+from training.run.csv_logger import CSVLogger
+from training.run.mlflow_logger import MLFlowLogger
 
 PER_NODE = ("num_nodes", "devices")  # left out of config_items, which the nodes compare
 
@@ -71,7 +72,7 @@ class RunRecord(SaveConfigCallback):
         if self.already_saved:
             return
         self.log_dir = run_directory(trainer)  # a broadcast: read here, where every rank takes part
-        self.had_hparams = {logger.log_dir for logger in self.tensorboards(trainer) if hparams(logger).is_file()}
+        self.had_hparams = {logger.log_dir for logger in self.file_loggers(trainer) if hparams(logger).is_file()}
         if stage != "fit":
             self.write(trainer, stage)
 
@@ -98,35 +99,29 @@ class RunRecord(SaveConfigCallback):
         self.take_back(trainer)  # a rerun of a finished run ends here without training, and without an exception
 
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.take_back(trainer)  # predict logs no metrics: nothing to keep in its TensorBoard directory
+        self.take_back(trainer)  # predict logs no metrics: nothing to keep in its logger's directory
 
     @staticmethod
-    def tensorboards(trainer: Trainer) -> list[TensorBoardLogger]:
-        return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
+    def file_loggers(trainer: Trainer) -> list[TensorBoardLogger | CSVLogger]:
+        return [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger | CSVLogger)]
 
     def take_back(self, trainer: Trainer) -> None:
-        """Removes the TensorBoard file this attempt opened when it holds nothing, with the ``hparams.yaml`` the
-        attempt wrote beside it, and the directory when that leaves it empty: an attempt that saved and logged
+        """Removes the TensorBoard file this attempt opened when it holds nothing, and the ``hparams.yaml`` an attempt
+        that logged nothing wrote, with the directory when that leaves it empty: an attempt that saved and logged
         nothing leaves the run's directory as it found it."""
         if (self.already_saved and trainer.state.fn == "fit") or not trainer.is_global_zero:
             return
-        # Here, not at the top: it imports most of TensorBoard (0.3 s of CPU), which no other rank needs.
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-        for logger in self.tensorboards(trainer):
+        for logger in self.file_loggers(trainer):
             if not os.path.isdir(logger.log_dir):
                 continue
-            logger.experiment.close()
-            mine = re.compile(rf"events\.out\.tfevents\..*\.{os.getpid()}\.\d+")  # its name ends in pid.counter
-            empty = [
-                path
-                for path in Path(logger.log_dir).iterdir()
-                if mine.fullmatch(path.name) and len(list(EventFileLoader(str(path)).Load())) <= 1  # the header
-            ]
-            if not empty:
-                continue
-            for path in empty:
-                path.unlink()
+            if isinstance(logger, TensorBoardLogger):
+                empty = empty_event_files(logger)
+                if not empty:
+                    continue
+                for path in empty:
+                    path.unlink()
+            elif logger.writer and logger.writer.metrics or (Path(logger.log_dir) / "metrics.csv").exists():
+                continue  # rows logged, written now or at the logger's finalize
             if self.had_hparams is not None and logger.log_dir not in self.had_hparams:  # None: set-up never came
                 hparams(logger).unlink(missing_ok=True)
             if not any(Path(logger.log_dir).iterdir()):
@@ -157,5 +152,19 @@ class RunRecord(SaveConfigCallback):
         self.save_config(trainer, trainer.lightning_module, stage)
 
 
-def hparams(logger: TensorBoardLogger) -> Path:
-    return Path(logger.log_dir) / logger.NAME_HPARAMS_FILE
+def hparams(logger: TensorBoardLogger | CSVLogger) -> Path:
+    return Path(logger.log_dir) / "hparams.yaml"
+
+
+def empty_event_files(logger: TensorBoardLogger) -> list[Path]:
+    """The event files this process opened in the logger's directory that hold nothing but their header."""
+    # Here, not at the top: it imports most of TensorBoard (0.3 s of CPU), which no other rank needs.
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    logger.experiment.close()
+    mine = re.compile(rf"events\.out\.tfevents\..*\.{os.getpid()}\.\d+")  # its name ends in pid.counter
+    return [
+        path
+        for path in Path(logger.log_dir).iterdir()
+        if mine.fullmatch(path.name) and len(list(EventFileLoader(str(path)).Load())) <= 1  # the header
+    ]

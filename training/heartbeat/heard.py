@@ -1,4 +1,5 @@
-"""What one process has heard of the job's heartbeats (training/liveness.py), and which silences say something."""
+"""What one process has heard of the job's heartbeats (training/heartbeat/liveness.py), and which silences say
+something."""
 
 import time
 from dataclasses import dataclass, field

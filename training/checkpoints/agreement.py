@@ -4,7 +4,7 @@ process that stopped alone on a checkpoint it cannot load would leave the others
 
 import torch
 
-from training.startup import FIXES
+from training.job.startup import FIXES
 
 
 def loads_problem(everyone: list[tuple[str, str, str]], ckpt_path: str | None) -> str | None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from training.run_record import run_directory
-from training.startup import StartupError
-from training.storage import is_remote
+from training.job.startup import StartupError
+from training.run.record import run_directory
+from training.run.storage import is_remote
 
 LOCK_NAME = "fit.lock"
 # A holder that died leaves the lock to the processes it forked (DataLoader workers) until they notice, in seconds.

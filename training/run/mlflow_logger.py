@@ -11,9 +11,9 @@ from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from training.job.startup import StartupError
 from training.private_api import attach_mlflow_run
-from training.startup import StartupError
-from training.storage import shown
+from training.run.storage import shown
 
 MISSING = (
     "trainer.logger has an MLFlowLogger (configs/mlflow.yaml), and the mlflow package is not installed: install it "

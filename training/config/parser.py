@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
 
-from training.config_loader import environment_source
+from training.config.loader import environment_source
 
 NOISE = re.compile(
     r"Does not validate against any of the (Union subtypes|types in .*)|Subtypes: .*|Errors:|Given value type: .*|"
@@ -30,6 +30,8 @@ BESIDE_CLASS = re.compile(
     r"a dict (with|without) .*|Given value: .*"
 )
 MISSING_CLASS = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+# A short class name that both Lightning and the template define (CSVLogger, MLFlowLogger).
+AMBIGUOUS = re.compile(r"Multiple subclasses with name \w+\. .*: (.*)\.")
 # A class's whole spec (a dict, a Namespace) repeats the config; a value the user typed is worth repeating.
 SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedArg\().*")
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
@@ -70,11 +72,21 @@ def closest_class(module: str, name: str) -> str | None:
     return next(iter(difflib.get_close_matches(name, classes, n=1, cutoff=0.6)), None)
 
 
+def class_summary(class_path: str) -> str | None:
+    """The first line of the docstring of the class at ``class_path``, or None."""
+    module, _, name = class_path.rpartition(".")
+    try:
+        doc = inspect.getdoc(getattr(importlib.import_module(module), name))
+    except (ImportError, AttributeError):
+        return None
+    return doc.splitlines()[0].replace("``", "") if doc else None
+
+
 def concise(message: str) -> str:
     """jsonargparse's ``message`` as one paragraph: what is wrong, and for a misspelt argument or class, what is
     right."""
     lines = [line.strip().removeprefix("- ") for line in message.splitlines()]
-    classes = any(line.startswith("Problem with given class_path") for line in lines)
+    classes = any(line.startswith(("Problem with given class_path", "Multiple subclasses")) for line in lines)
     kept = [line for line in lines if not (NOISE.fullmatch(line) or (classes and BESIDE_CLASS.fullmatch(line)))]
     kept = list(dict.fromkeys(kept))  # a union report repeats a class_path's problem once per type it tried
     paragraph = " ".join(SPEC_VALUE.sub("", line) for line in kept)
@@ -90,6 +102,10 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    for line in lines:
+        for candidate in (AMBIGUOUS.fullmatch(line) or [None, ""])[1].split(", "):
+            if candidate.startswith("training.") and (summary := class_summary(candidate)):
+                hints[candidate] = f"{candidate} is the template's: {summary}"
     layering = {marker: hint for marker, hint in LAYERING.items() if marker in paragraph and hint not in message}
     if not MODULES_REQUIRED.search(paragraph):  # an argument a class requires, not the model a feature file lacks
         layering.pop("the following arguments are required: ", None)
