@@ -12,22 +12,25 @@ import gc
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import os
 import sys
 import warnings
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy
-from training.checkpoints.resume import past_end, resume_path
+from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
+from training.config.links import given_links, link_data_to_model, print_config_with_links, record_links
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
+from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
+from training.job.node_processes import speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -42,25 +45,42 @@ warnings.filterwarnings("ignore", message=r'\.\w+\(ckpt_path="last"\) is set, bu
 warnings.filterwarnings("ignore", message="Checkpoint directory .* exists and is not empty")
 
 
+def without_config(subcommand: str) -> str:
+    return (
+        "note: no config file (-c) given: Lightning's own defaults apply, not this template's setup (configs/ddp.yaml):"
+        " no run id and no resume, none of its checkpoint rules, checks or DDP settings, and logs in "
+        f"lightning_logs/version_N. For the template's setup: python cli.py {subcommand} -c configs/ddp.yaml "
+        "--model ... --data ..."
+    )
+
+
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
-        parser.link_arguments("data.num_features", "model.init_args.in_features", apply_on="instantiate")
-        parser.link_arguments("data.num_targets", "model.init_args.out_features", apply_on="instantiate")
-        for name in ("vocab_size", "pad_id", "bos_id", "eos_id"):
-            parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        link_data_to_model(parser)
         # Set before the Trainer, which reads it when it picks the GPU; torch has it per process, not per model.
         tip = "torch.set_float32_matmul_precision: high and medium use tensor cores (Ampere GPUs on), less exact"
         parser.add_argument("--matmul_precision", choices=("highest", "high", "medium"), default="highest", help=tip)
+        # One metric for the best checkpoint and early stopping: the config files name it ${monitor}.
+        parser.add_argument("--monitor", default="val/loss", help="the metric the best checkpoint is chosen by")
+        parser.add_argument("--monitor_mode", choices=("min", "max"), default="min", help="best: its min or max")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        if not isinstance(args, dict | Namespace):
+            print_config_with_links(parser, args)
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
+        # Said once per node, by the process that starts the others: the run goes on.
+        if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
+            print(f"warning: {warning}", file=sys.stderr)
+        self.given_links = given_links(parser, args, subcommand) if subcommand else {}
 
     def before_instantiate_classes(self) -> None:
+        if not self.config[self.subcommand].get("config") and speaks_for_node():
+            print(without_config(self.subcommand), file=sys.stderr)
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
         name_the_logger(self.config[self.subcommand], self.subcommand)  # validate/test/predict: in a sub_dir of the run
 
@@ -69,6 +89,8 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:  # a config error: no traceback
             self.parser.error(instantiation_problem(error))
+        if problem := record_links(self.config[self.subcommand], self.datamodule, self.given_links):
+            self.parser.error(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -79,10 +101,18 @@ class CLI(LightningCLI):
             config.ckpt_path = resume_path(trainer, config.ckpt_path)
         return trainer
 
-    def before_fit(self) -> None:
-        # Runs in the launching process: a run past its end stops here, before any other process starts.
-        if problem := past_end(self.trainer, self.config_init.fit.ckpt_path, self.config.fit.weights_only):
+    def check_start(self) -> None:
+        # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
+        # weights stops here, before any other process starts.
+        config = self.config[self.subcommand]
+        if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
+        # A data module may say what it cannot feed this many processes (data.Seq2SeqDataModule does).
+        check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
+        if check is not None and (problem := check(self.trainer.world_size)):
+            self.parser.error(problem)
+
+    before_fit = before_validate = before_test = before_predict = check_start
 
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
@@ -92,9 +122,9 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
         return cli(
             subclass_mode_model=True,
             subclass_mode_data=True,
-            auto_configure_optimizers=False,
+            auto_configure_optimizers=True,  # --optimizer, --lr_scheduler (training/config/optimizer_flags.py)
             parser_class=Parser,
-            parser_kwargs={"parser_mode": "omegaconf"},
+            parser_kwargs={"parser_mode": "omegaconf+"},
             save_config_callback=RunRecord,
             save_config_kwargs={"overwrite": True},
             args=args,
@@ -102,7 +132,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # every process has the same paragraph: one per node
+        if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
         sys.exit(1)
 

@@ -1,7 +1,7 @@
 """The template against raw PyTorch, side by side: training steps, the data path, logging and start-up.
 
-    python -m benchmarks.bench [--quick] [--rounds N] [--out benchmarks/results]   # from the repo root
-    python -m benchmarks.bench --accelerator gpu [...]   # the same, every side on GPUs
+    python benchmarks/bench.py [--quick] [--rounds N] [--out benchmarks/results]   # or python -m benchmarks.bench
+    python benchmarks/bench.py --accelerator gpu [...]   # the same, every side on GPUs
 
 --rounds sets the rounds of every comparison (default 5, 1 with --quick); ``--rounds 1`` is a quick look
 at the full sizes, one run per side and row. --accelerator gpu trains every side with one GPU per process
@@ -30,7 +30,9 @@ template/Lightning and template/raw ratios over the rows::
     worst template/raw step-time ratio: X.XX
 
 --quick runs tiny models for a few steps, the toy model with the most processes and seq2seq with 1 (for the
-tests). The chart needs matplotlib: pip install -r requirements-charts.txt.
+tests). The chart needs matplotlib (pip install -r requirements-charts.txt); without it the benchmark measures
+and prints everything and says the chart was skipped. Each run of a side is stopped, with every process it started,
+after --side-timeout seconds (default 600), and named: a side that hangs ends the benchmark with its name.
 """
 
 import argparse
@@ -40,6 +42,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -47,6 +50,10 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+
+# Run by its path, Python puts benchmarks/ first on the path, not the repo that holds the package.
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
@@ -59,13 +66,36 @@ def median_step(record: Path, warmup: int) -> float:
     return statistics.median(b - a for a, b in itertools.pairwise(starts))
 
 
-def run(command: list[str], cwd: Path) -> None:
+class SideFailed(Exception):
+    """A run of one side that failed or did not finish: its paragraph, and the end of its output."""
+
+    def __init__(self, paragraph: str, output: str):
+        super().__init__(paragraph)
+        self.output = output
+
+
+def run(command: list[str], cwd: Path, bound: float) -> None:
+    """Run ``command`` in ``cwd`` (named after the run) for at most ``bound`` seconds, or raise SideFailed."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("OMP_NUM_THREADS", None)  # every side sets its threads itself, the same way
     cwd.mkdir(exist_ok=True)
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    log = cwd / "output.log"  # a file, not a pipe: a process left holding a pipe would keep the benchmark waiting
+    # How the side is started, as a user would type it: python cli.py, python -m benchmarks.raw_ddp.
+    shown = command[: 3 if command[1] == "-m" else 2]
+    side = " ".join("python" if word == sys.executable else Path(word).name for word in shown)
+    with log.open("w") as output:
+        # A session of its own, so that stopping it stops every process it started (the ranks) too.
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=output, start_new_session=True)
+    try:
+        status = process.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        why = f"did not finish within {bound:g} s (--side-timeout) and was stopped, with every process it started"
+        raise SideFailed(f"{side} (run {cwd.name}) {why}. Its output is above.", log.read_text()) from None
+    if status != 0:
+        why = f"failed with exit status {status}"
+        raise SideFailed(f"{side} (run {cwd.name}) {why}. Its output is above.", log.read_text())
 
 
 def template_command(
@@ -88,21 +118,32 @@ def template_command(
 
 
 def template_run(
-    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *extra: str
+    workload: str,
+    processes: int,
+    steps: int,
+    quick: bool,
+    accelerator: str,
+    work: Path,
+    name: str,
+    *extra: str,
+    bound: float,
 ) -> Path:
     """Train with ``python cli.py fit``; the record also holds when the command was launched."""
     record = work / f"{name}.json"
     launched = time.time()
-    run(template_command(workload, processes, steps, quick, accelerator, work, record, *extra), cwd=work / name)
+    command = template_command(workload, processes, steps, quick, accelerator, work, record, *extra)
+    run(command, cwd=work / name, bound=bound)
     record.write_text(json.dumps({**json.loads(record.read_text()), "launched": launched}))
     return record
 
 
-def quiet_run(workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str) -> Path:
+def quiet_run(
+    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *, bound: float
+) -> Path:
     """The template without its logger and progress bar."""
     # refresh_rate applies to the last callback so far: the progress bar of configs/ddp.yaml.
     no_logging = ("--trainer.logger=false", "--trainer.callbacks.refresh_rate=0")
-    return template_run(workload, processes, steps, quick, accelerator, work, name, *no_logging)
+    return template_run(workload, processes, steps, quick, accelerator, work, name, *no_logging, bound=bound)
 
 
 def module_command(
@@ -131,10 +172,20 @@ def module_command(
 
 
 def module_run(
-    module: str, workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str
+    module: str,
+    workload: str,
+    processes: int,
+    steps: int,
+    quick: bool,
+    accelerator: str,
+    work: Path,
+    name: str,
+    *,
+    bound: float,
 ) -> Path:
     record = work / f"{name}.json"
-    run(module_command(module, workload, processes, steps, quick, accelerator, work, record), cwd=work / name)
+    command = module_command(module, workload, processes, steps, quick, accelerator, work, record)
+    run(command, cwd=work / name, bound=bound)
     return record
 
 
@@ -178,7 +229,9 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
                 for side in order:
                     name = f"{side}-{workload}-{processes}-{round_}"
                     run_side = row_sides[side]
-                    records[side] = run_side(workload, processes, steps, args.quick, args.accelerator, work, name)
+                    records[side] = run_side(
+                        workload, processes, steps, args.quick, args.accelerator, work, name, bound=args.side_timeout
+                    )
                     medians[side].append(median_step(records[side], args.warmup))
                 for side in ("template", "lightning"):
                     difference = max(difference, max_weight_difference(records[side], records["raw"]))
@@ -244,7 +297,7 @@ def compare_startup(args: argparse.Namespace, work: Path, first_steps: list[floa
     for _ in range(args.rounds):
         for name, command in commands.items():
             start = time.perf_counter()
-            run(command, cwd=work)
+            run(command, cwd=work / name, bound=args.side_timeout)
             timings[name].append(time.perf_counter() - start)
     help_s, import_s = (statistics.median(timings[name]) for name in commands)
     return {
@@ -362,13 +415,19 @@ def main() -> None:
         help="where every side trains: CPU processes on gloo, or one GPU per process on NCCL",
     )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where bench.json and .png go")
+    parser.add_argument(
+        "--side-timeout",
+        type=float,
+        default=600,
+        help="seconds one run of a side may take before it is stopped and named (default 600)",
+    )
     args = parser.parse_args()
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if problem := device_problem(args.accelerator, 1):
         parser.error(problem)
-    if importlib.util.find_spec("matplotlib") is None:
-        parser.error("bench.png needs matplotlib, which is not installed: pip install -r requirements-charts.txt")
+    if args.side_timeout <= 0:
+        parser.error(f"--side-timeout must be a positive number of seconds, got {args.side_timeout:g}")
     args.rounds = args.rounds or (1 if args.quick else 5)
     args.warmup = 2 if args.quick else 10
     args.steps = {"toy": 5, "seq2seq": 3} if args.quick else {"toy": 100, "seq2seq": 60}
@@ -379,7 +438,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
         print("training steps, template against raw and Lightning:", flush=True)
-        steps, logging, first_steps = compare_steps(args, work)
+        try:
+            steps, logging, first_steps = compare_steps(args, work)
+            data_path = compare_data_path(args)
+            startup = compare_startup(args, work, first_steps)
+        except SideFailed as failure:
+            print(failure.output[-3000:], file=sys.stderr)
+            sys.exit(f"error: {failure} Nothing was written to {out}.")
         results = {
             "accelerator": args.accelerator,
             "device": device_name(args.accelerator),
@@ -389,15 +454,21 @@ def main() -> None:
             "cores": len(os.sched_getaffinity(0)),
             "steps": steps,
             "logging": logging,
-            "data_path": compare_data_path(args),
-            "startup": compare_startup(args, work, first_steps),
+            "data_path": data_path,
+            "startup": startup,
         }
     results["worst_ratio"] = max(row["ratio"]["median"] for row in results["steps"])
     results["worst_lightning_ratio"] = max(row["template_over_lightning"]["median"] for row in results["steps"])
     (out / "bench.json").write_text(json.dumps(results, indent=2))
-    chart(results, out / "bench.png")
     print(table(results))
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    if importlib.util.find_spec("matplotlib") is None:
+        print(
+            f"wrote {out / 'bench.json'}; skipped the chart bench.png, which needs matplotlib: pip install -r "
+            "requirements-charts.txt"
+        )
+    else:
+        chart(results, out / "bench.png")
+        print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
     print(f"worst template/Lightning step-time ratio: {results['worst_lightning_ratio']:.2f}")
     print(f"worst template/raw step-time ratio: {results['worst_ratio']:.2f}")
 

@@ -13,6 +13,7 @@ for a template run.
 """
 
 import argparse
+import gc
 import itertools
 import os
 import time
@@ -89,6 +90,39 @@ def seq2seq_loss(model, batch) -> torch.Tensor:
     )
 
 
+def timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, steps: int) -> tuple[list, float]:
+    """``steps`` steps of ``model`` under DistributedDataParallel: when each step started, and the wall time of the
+    first. The wrapper lives in here only: it is freed on return, before the process group (release_group)."""
+    on_gpu = device.type == "cuda"
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
+    starts = []
+    first_step_wall = 0.0
+    epoch = 0
+    while len(starts) < steps:
+        sampler.set_epoch(epoch)  # as Lightning does at each epoch start
+        for batch in itertools.islice(loader, steps - len(starts)):
+            now = clock(device)
+            if not starts:
+                first_step_wall = time.time()
+            starts.append(now)
+            optimizer.zero_grad(set_to_none=True)
+            loss_of(ddp, to_device(batch, device)).backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+        epoch += 1
+    return starts, first_step_wall
+
+
+def release_group() -> None:
+    """Destroy the process group once nothing else holds it. A DDP wrapper freed after the group (its Reducer holds
+    the group) drops the group's last reference with the GIL held, and the group's destructor waits for its worker
+    thread, which needs the GIL to free a finished all-reduce: both processes hung at exit (torch #56297)."""
+    gc.collect()  # a wrapper in a reference cycle: freed now, while the group is still registered
+    dist.barrier()  # every rank's last collective done
+    dist.destroy_process_group()
+
+
 def train(rank: int, args: argparse.Namespace) -> None:
     world = args.processes
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
@@ -113,32 +147,15 @@ def train(rank: int, args: argparse.Namespace) -> None:
     data.prepare_data()
     data.setup("fit")
     torch.manual_seed(SEED)  # Lightning seeds again when it sets up the process group
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
     configured = model.configure_optimizers()
     optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
     scheduler = configured["lr_scheduler"]["scheduler"] if isinstance(configured, dict) else None
     loader, sampler = (toy_loader if args.workload == "toy" else seq2seq_loader)(data, rank, world)
     loss_of = toy_loss if args.workload == "toy" else seq2seq_loss
-
-    starts = []
-    first_step_wall = 0.0
-    epoch = 0
-    while len(starts) < args.steps:
-        sampler.set_epoch(epoch)  # as Lightning does at each epoch start
-        for batch in itertools.islice(loader, args.steps - len(starts)):
-            now = clock(device)
-            if not starts:
-                first_step_wall = time.time()
-            starts.append(now)
-            optimizer.zero_grad(set_to_none=True)
-            loss_of(ddp, to_device(batch, device)).backward()
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-        epoch += 1
+    starts, first_step_wall = timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, args.steps)
     if rank == 0:
         write_record(Path(args.out), starts, first_step_wall, torch.get_num_threads(), model)
-    dist.destroy_process_group()
+    release_group()
 
 
 def main() -> None:

@@ -73,6 +73,30 @@ def num_val(sources: Collection[str], val_fraction: float, flag: str = "data.val
     return count
 
 
+def too_few_sources(count: int, where: str, more: str, val_fraction: float, processes: int) -> str | None:
+    """The paragraph when ``count`` distinct sources (``where`` names them) split by ``val_fraction`` cannot give
+    each of ``processes`` processes a source to validate and one to train on, or None. ``more`` says how to give
+    more sources: a format string of the number needed.
+
+    Lightning's sampler that shares the validation set out without repeats refuses a process with nothing to
+    validate, with a bare AssertionError from that process.
+    """
+
+    def held_out(sources: int) -> int:
+        return max(1, round(sources * val_fraction))
+
+    if held_out(count) >= processes and count - held_out(count) >= processes:
+        return None
+    needed = next(n for n in range(2 * processes, 2**31) if min(held_out(n), n - held_out(n)) >= processes)
+    other_fraction = f", raise data.val_fraction to {processes / count:.3g}" if count >= 2 * processes else ""
+    return (
+        f"{where} holds {count} distinct source{'s' if count != 1 else ''}: data.val_fraction={val_fraction} holds "
+        f"out {held_out(count)} for validation and leaves {count - held_out(count)} to train on, and each of the "
+        f"{processes} processes needs at least one of each. {more.format(needed)}{other_fraction}, or start fewer "
+        "processes (trainer.devices, trainer.num_nodes)."
+    )
+
+
 def split_pairs(
     pairs: list[tuple[str, str]], val_fraction: float, seed: int, flag: str = "data.val_fraction"
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

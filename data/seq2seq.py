@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from data.length_sampler import LengthGroupedBatchSampler
 from data.number_corpus import BUILTIN_ALPHABET, builtin_pairs
-from data.pairs_file import num_val, read_pairs, read_sources, split_pairs
+from data.pairs_file import num_val, read_pairs, read_sources, split_pairs, too_few_sources
 from data.seq2seq_batches import BOS, EOS, PAD, SPECIALS, UNK, ItemCollate, Seq2SeqDataset, collate
 from data.shards import ShardReader, read_index
 from data.streaming import StreamingLoader, StreamingPairs
@@ -108,6 +108,17 @@ class Seq2SeqDataModule(LightningDataModule):
                     f"{index[name]}; set data.{name}={index[name]}, or convert again with "
                     f"python scripts/make_shards.py {option} {self.hparams[name]} FILE NEW_DIR"
                 )
+
+    def processes_problem(self, processes: int) -> str | None:
+        """Why this data cannot feed ``processes`` processes, or None: cli.py asks before any process starts."""
+        if self.shards is not None:  # split when it was written
+            return None
+        if self.pairs is None:
+            where, more = f"the built-in corpus of data.num_pairs={self.hparams.num_pairs}", "Set data.num_pairs to {}"
+            return too_few_sources(self.hparams.num_pairs, where, more, self.hparams.val_fraction, processes)
+        sources = len({source for source, _ in self.pairs})
+        where, more = f"data.path {self.hparams.path}", "Give at least {} pairs with distinct sources"
+        return too_few_sources(sources, where, more, self.hparams.val_fraction, processes)
 
     @property
     def vocab_size(self) -> int:

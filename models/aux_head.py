@@ -29,7 +29,7 @@ class AuxHeadModel(ToyModel):
         hidden_features: int = 128,
         out_features: int = 8,
         aux_weight: float = 0.0,
-        optimizer: OptimizerCallable = torch.optim.Adam,
+        optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.0),
     ) -> None:
         super().__init__(
             in_features=in_features, hidden_features=hidden_features, out_features=out_features, optimizer=optimizer

@@ -17,7 +17,9 @@ class ToyModel(LightningModule):
         out_features: output width. cli.py links it from ``data.num_targets``.
         dropout: dropout probability after the hidden layer.
         optimizer: optimizer class and arguments, e.g. in YAML
-            ``optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}``.
+            ``optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.1}}``. The default, AdamW at lr 0.003
+            without weight decay, is a lambda: jsonargparse reads it as that class and its arguments, which
+            ``--print_config`` shows and a flag such as ``--model.init_args.optimizer.init_args.lr=0.01`` changes.
     """
 
     def __init__(
@@ -26,10 +28,11 @@ class ToyModel(LightningModule):
         hidden_features: int = 128,
         out_features: int = 8,
         dropout: float = 0.0,
-        optimizer: OptimizerCallable = torch.optim.Adam,
+        optimizer: OptimizerCallable = lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.0),
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # A function, which a checkpoint cannot hold; under cli.py the run's config.yaml records it.
+        self.save_hyperparameters(ignore="optimizer")
         self.net = nn.Sequential(
             nn.Linear(in_features, hidden_features),
             nn.ReLU(),

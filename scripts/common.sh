@@ -39,11 +39,13 @@ require() {
     done
 }
 
+# The IPv4 address of host name or address $1; empty (and status 0) when it does not resolve, so that a caller's
+# `x=$(resolve_ipv4 ...)` under `set -e` goes on to say so rather than exit silently with getent's status.
 resolve_ipv4() {
     if [[ $1 =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
         echo "$1"
     else
-        getent ahostsv4 "$1" | awk '{ print $1; exit }'
+        { getent ahostsv4 "$1" || true; } | awk '{ print $1; exit }'
     fi
 }
 
@@ -211,7 +213,7 @@ validate_node() {
     cli_args+=("$@")
 
     master_ip=$(resolve_ipv4 "$MASTER_ADDR")
-    [[ -n $master_ip ]] || die "MASTER_ADDR=$MASTER_ADDR does not resolve to an IPv4 address on this node. Use node 0's IP address."
+    [[ -n $master_ip ]] || die "MASTER_ADDR=$MASTER_ADDR does not resolve to an IPv4 address on this node (getent ahostsv4 $MASTER_ADDR finds none). Check its spelling, or set MASTER_ADDR to node 0's IP address, the same on every node. Nothing was launched."
     interface=${SOCKET_IFNAME:-}
     [[ -z $interface || $interface =~ ^[^,^=[:space:]]+(,[^,^=[:space:]]+)*$ ]] \
         || die "SOCKET_IFNAME=$interface is not an interface name (or a comma-separated list of them). It sets the interface of both NCCL and gloo, and gloo takes names only: name the interface (e.g. eth0). For NCCL's patterns (^docker excludes, a plain name matches as a prefix), set NCCL_SOCKET_IFNAME itself, and GLOO_SOCKET_IFNAME to the interface."

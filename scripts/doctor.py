@@ -28,7 +28,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from scripts import comm_bench, cpu_check, gpu_check
 from training.job.fingerprint import code_digest, config_items, items_digest
-from training.job.startup import Member, StartupError, describe, handshake
+from training.job.startup import Member, StartupError, describe, handshake, refuse
 
 MIN_SHM_BYTES = 512 << 20
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
@@ -300,9 +300,24 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str], w
             title = f"{backend}, {world} processes on {args.num_nodes} node(s)"
             for path in comm_bench.write(rows, Path(args.out_dir), title):
                 say("ok", f"wrote {path}")
+    # Every rank's collectives finished (gloo's barrier waits for them) before the group goes: destroyed while its
+    # worker thread still frees one, the group's destructor would wait for that thread, which needs the GIL this
+    # process holds, and the process would hang on its way out.
+    dist.barrier()
     dist.destroy_process_group()
     if failed:
         sys.exit(1)
+
+
+def stop_the_other_nodes(args: argparse.Namespace, why: str) -> None:
+    """Give the processes of the other nodes, which wait for the master's word in the start-up handshake, ``why``
+    as its verdict: they stop with it at once, rather than wait out the timeout for a master that stopped."""
+    others = (args.num_nodes - 1) * args.nproc
+    timeout = timedelta(seconds=args.timeout)
+    print(f"      telling the {others} processes of the other nodes (waiting up to {args.timeout:g} s)", flush=True)
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = TCPStore(address, port, is_master=True, timeout=timeout, wait_for_workers=False)
+    refuse(store, why, others, timeout)
 
 
 def main() -> None:
@@ -320,6 +335,10 @@ def main() -> None:
     if args.bench and args.node_rank == 0 and importlib.util.find_spec("matplotlib") is None:
         why = "BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here"
         say("FAIL", f"{why}: pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.")
+        if args.num_nodes > 1:
+            why = why.replace("here", f"on node 0 ({socket.gethostname()})")
+            fix = "pip install -r requirements-charts.txt there, or leave BENCH unset on every node"
+            stop_the_other_nodes(args, f"node 0 stopped the doctor before the processes joined: {why}: {fix}.")
         sys.exit(2)
 
     healthy = check_node(args)

@@ -1,4 +1,5 @@
-"""``python -m benchmarks.bench --quick``: every figure measured, written as JSON and drawn, same results."""
+"""``python benchmarks/bench.py --quick``: every figure measured, written as JSON and drawn, same results; without
+matplotlib, the same table; a side that does not finish, stopped and named."""
 
 import json
 import math
@@ -6,6 +7,7 @@ import os
 import re
 import statistics
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,8 +24,9 @@ def with_charts() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--out", str(out)]
-    result = run_script(command, cwd=REPO, env=with_charts(), timeout=1800)
+    # By its path, as a user runs a script, and without the repo on PYTHONPATH.
+    command = [sys.executable, "benchmarks/bench.py", "--quick", "--out", str(out)]
+    result = run_script(command, cwd=REPO, env={"PYTHONPATH": charts_path()}, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads((out / "bench.json").read_text()), result.stdout, out
 
@@ -151,20 +154,82 @@ def test_gpu_rows_have_at_most_one_process_per_gpu(gpus, full, quick, monkeypatc
     assert process_counts(False, "cpu") == {"toy": (1, 2), "seq2seq": (1, 2)}
 
 
-def test_without_matplotlib_it_stops_before_any_run_naming_the_requirements_file(tmp_path, monkeypatch, capsys):
+def measured(results: dict):
+    """The benchmark's measuring functions, returning ``results``' figures at once."""
+    return {
+        "compare_steps": lambda args, work: (results["steps"], results["logging"], [1.0]),
+        "compare_data_path": lambda args: results["data_path"],
+        "compare_startup": lambda args, work, first_steps: results["startup"],
+    }
+
+
+FIGURES = {
+    "steps": [
+        {
+            "workload": "toy",
+            "processes": 2,
+            "template_step_ms": 3.0,
+            "lightning_step_ms": 2.5,
+            "raw_step_ms": 2.0,
+            "ratio": {"median": 1.5, "low": 1.5, "high": 1.5},
+            "lightning_over_raw": {"median": 1.25, "low": 1.25, "high": 1.25},
+            "template_over_lightning": {"median": 1.2, "low": 1.2, "high": 1.2},
+            "max_weight_difference": 0.0,
+        }
+    ],
+    "logging": {
+        "processes": 2,
+        "default_step_ms": 3.0,
+        "quiet_step_ms": 2.9,
+        "cost": dict.fromkeys(("median", "low", "high"), 0.03),
+    },
+    "data_path": {"per_sample_us": 100.0, "whole_batch_us": 10.0, "speedup": 10.0},
+    "startup": {"cli_help_s": 1.0, "import_lightning_s": 2.0, "ratio": 0.5, "first_step_s": 5.0},
+}
+
+
+def test_without_matplotlib_it_measures_prints_the_table_and_says_the_chart_was_skipped(tmp_path, monkeypatch, capsys):
     from benchmarks import bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
+    for name, function in measured(FIGURES).items():
+        monkeypatch.setattr(bench, name, function)
     monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--out", str(tmp_path)])
+    bench.main()
+    out = capsys.readouterr().out
+    results = json.loads((tmp_path / "bench.json").read_text())
+    assert bench.table(results) in out
+    assert (
+        f"wrote {tmp_path / 'bench.json'}; skipped the chart bench.png, which needs matplotlib: pip install -r "
+        "requirements-charts.txt\n" in out
+    )
+    assert out.endswith("worst template/Lightning step-time ratio: 1.20\nworst template/raw step-time ratio: 1.50\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_a_side_that_does_not_finish_is_stopped_with_its_processes_and_named(tmp_path, monkeypatch, capsys):
+    from benchmarks import bench
+
+    # A side that hangs, as the raw loop's two processes did at exit, with a process of its own that hangs too.
+    hang = tmp_path / "hang.sh"
+    hang.write_text(f"sleep infinity &\necho $! >{tmp_path / 'child'}\necho started\nwait\n")
+
+    def compare_steps(args, work):
+        bench.run(["bash", str(hang)], work / "raw-toy-2-0", bound=args.side_timeout)
+
+    monkeypatch.setattr(bench, "compare_steps", compare_steps)
+    monkeypatch.setattr(sys, "argv", ["bench", "--quick", "--out", str(tmp_path / "out"), "--side-timeout", "3"])
     with pytest.raises(SystemExit) as exit_:
         bench.main()
-    assert exit_.value.code == 2
-    *_, error = capsys.readouterr().err.strip().splitlines()
-    assert error == (
-        "python -m benchmarks.bench: error: bench.png needs matplotlib, which is not installed: "
-        "pip install -r requirements-charts.txt"
+    assert exit_.value.code == (
+        "error: bash hang.sh (run raw-toy-2-0) did not finish within 3 s (--side-timeout) and was stopped, with every "
+        f"process it started. Its output is above. Nothing was written to {tmp_path / 'out'}."
     )
-    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.strip() == "started"
+    stat = Path(f"/proc/{(tmp_path / 'child').read_text().strip()}/stat")
+    # Gone, or dead and not yet reaped by init (state Z).
+    assert not stat.exists() or stat.read_text().rpartition(")")[2].split()[0] == "Z", "the side's process outlived it"
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_gpu_without_cuda_stops_with_one_line_naming_the_flag(tmp_path, monkeypatch, capsys):
@@ -199,7 +264,7 @@ def test_more_processes_than_gpus_is_refused_before_anything_starts(monkeypatch,
 @needs_gpus(1)
 def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     command = [sys.executable, "-m", "benchmarks.bench", "--quick", "--accelerator", "gpu", "--out", str(tmp_path)]
-    result = run_script(command, cwd=REPO, env=with_charts(), timeout=1800)
+    result = run_script(command, cwd=REPO, env=with_charts(), timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads((tmp_path / "bench.json").read_text())
     device = torch.cuda.get_device_name(0)

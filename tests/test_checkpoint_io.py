@@ -1,19 +1,24 @@
 """Checkpoints written in the background (``AtomicCheckpointIO(background=True)``, configs/ddp.yaml): the windows
 where a kill or the end of the run meets a write that is still going on."""
 
+import errno
 import logging
 import multiprocessing
 import multiprocessing.synchronize
 import re
+import socket
+import subprocess
 import threading
 import time
+from io import BytesIO
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks import checkpoint_save
-from tests.helpers import DDP_YAML, SINGLE_PROCESS
-from training.checkpoints.atomic_io import AtomicCheckpointIO
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, free_port, launch, run_script
+from training.checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSpaceError
 from training.config.trainer_settings import combination_problem
 
 
@@ -113,3 +118,113 @@ def test_a_checkpoint_written_in_the_background_counts_as_saved_only_once_it_is_
     io.when_written(lambda: written.append("at once"))  # nothing pending
     assert written == [True, "at once"]
     io.teardown()
+
+
+def test_a_full_disk_keeps_the_previous_best_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    save, needed = torch.save, round(len(pickled(big(2))) / 1024)
+
+    def full_disk(checkpoint: dict, file) -> None:
+        if checkpoint["global_step"] == 2 and str(getattr(file, "name", "")).endswith(".partial"):  # not a count
+            file.write(b"x" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        save(checkpoint, file)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    for background in (True, False):
+        directory = tmp_path / str(background)
+        directory.mkdir()
+        (directory / ".epoch9.ckpt.partial").write_bytes(b"left by a kill")  # an earlier attempt's
+        io = AtomicCheckpointIO(background=background)
+        io.save_checkpoint(big(1), directory / "best-1.ckpt")
+        io.wait()
+        with pytest.raises(CheckpointSpaceError) as error:
+            # As ModelCheckpoint does: the new best, then the removal of the previous one (never reached in the
+            # foreground: the save raised first).
+            io.save_checkpoint(big(2), directory / "best-2.ckpt")
+            io.remove_checkpoint(directory / "best-1.ckpt")
+            io.wait()
+        assert str(error.value).startswith(
+            f"the checkpoint {directory / 'best-2.ckpt'} could not be saved: the disk of {directory} is full. The "
+            f"checkpoint needs {needed} KB and "
+        )
+        assert "the run's earlier checkpoints are kept whole. Free at least" in str(error.value)
+        assert "then run the same command: it resumes from the run's last.ckpt." in str(error.value)
+        assert sorted(path.name for path in directory.iterdir()) == ["best-1.ckpt"], background
+        assert torch.load(directory / "best-1.ckpt", weights_only=True)["global_step"] == 1
+        io.teardown()
+
+
+def big(step: int) -> dict:
+    return {"global_step": step, "weights": torch.full((20_000,), float(step))}
+
+
+def pickled(checkpoint: dict) -> bytes:
+    buffer = BytesIO()
+    torch.save(checkpoint, buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 300 KB file system of its own (tmpfs): room for three of the toy model's checkpoints."""
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.distributed
+def test_a_full_disk_stops_the_job_with_one_paragraph_and_the_same_command_resumes_exactly(tmp_path, small_disk):
+    epochs = ["--trainer.max_epochs=5", "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2"]
+    fit = [str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=2", *epochs]
+    reference = run_script([*fit, f"--trainer.logger.init_args.save_dir={tmp_path / 'big'}"], cwd=tmp_path)
+    assert reference.returncode == 0, reference.stdout + reference.stderr
+
+    # The same job as two nodes of one process each: global rank 0, which writes, on node 0.
+    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
+    settings = {"MASTER_PORT": str(free_port()), "NUM_NODES": "2"}
+    job = [*epochs, f"--trainer.logger.init_args.save_dir={small_disk}"]
+
+    def run_both(attempt: str) -> list[tuple[int, str]]:
+        logs = [tmp_path / f"{attempt}-node{rank}.log" for rank in range(2)]  # a pipe nobody reads could fill
+        worker, master = (launch(nodes[rank], "cpu:1", rank, *job, log=logs[rank], **settings) for rank in (1, 0))
+        return [(process.wait(600), log.read_text()) for process, log in zip((master, worker), logs, strict=True)]
+
+    (master_exit, master), (worker_exit, worker) = run_both("full")
+    assert master_exit == worker_exit == 1, master + worker
+    checkpoints = small_disk / "toy" / "default" / "checkpoints"
+    (paragraph,) = [line for line in master.splitlines() if line.startswith("error: ")]
+    assert re.fullmatch(
+        rf"error: the checkpoint {checkpoints}/epoch\d+-val_loss[\d.]+\.ckpt could not be saved: the disk of "
+        rf"{checkpoints} is full\. The checkpoint needs 96 KB and \d+ KB of the disk's 300 KB is free; .* then run "
+        r"the same command: it resumes from the run's last\.ckpt\.",
+        paragraph,
+    ), paragraph
+    (told,) = [line for line in worker.splitlines() if line.startswith("error: ")]
+    assert (
+        told
+        == f"error: this node stopped with global rank 0, on node 0 ({socket.gethostname()}), where {paragraph[7:]}"
+    )
+    for output in master, worker:
+        assert "Traceback" not in output and "Exception raised from" not in output, output
+    kept = sorted(path.name for path in checkpoints.iterdir())
+    assert "last.ckpt" in kept and len(kept) == 2 and not any(name.endswith(".partial") for name in kept), kept
+    for name in kept:  # the best one too: its removal waited for its replacement, which failed
+        assert torch.load(checkpoints / name, weights_only=True)["global_step"] > 0, name
+
+    (checkpoints / ".last.ckpt.partial").write_bytes(b"what a kill during a save leaves")
+    subprocess.run(["mount", "-o", "remount,size=2m", str(small_disk)], check=True)  # space freed
+    (master_exit, master), (worker_exit, worker) = run_both("resumed")
+    assert master_exit == worker_exit == 0, master + worker
+    assert "Resuming from" in master
+    assert not list(checkpoints.glob(".*.partial")), "the next attempt left an earlier attempt's .partial file"
+    ended = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    expected = torch.load(tmp_path / "big" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ended["global_step"] == expected["global_step"] == 20
+    for name, value in expected["state_dict"].items():
+        assert torch.equal(ended["state_dict"][name], value), name

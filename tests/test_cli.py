@@ -1,5 +1,6 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
+import os
 import sys
 
 import pytest
@@ -9,6 +10,7 @@ from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import cli
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
 from training.config.checks import refused_setting
@@ -114,14 +116,51 @@ def test_subcommands_run_from_a_saved_checkpoint_and_log_apart_from_the_training
         assert path.is_dir() or path.stat().st_mode == (tmp_path / "mine").stat().st_mode, path
 
 
-def test_without_a_checkpoint_the_untrained_weights_are_named(run_cli, caplog, tmp_path):
-    run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
+def test_predict_without_a_checkpoint_is_refused_unless_untrained_weights_are_asked_for(
+    run_cli, capsys, caplog, tmp_path
+):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS)
+    assert exit_.value.code == 2
     run = tmp_path / "logs" / "toy" / "default"
+    err = capsys.readouterr().err
     assert (
-        f"Predicting with untrained weights: no --ckpt_path was given and {run / 'checkpoints'} holds no last.ckpt"
-        in (caplog.text)
+        f"error: nothing to predict with: {run / 'checkpoints'} holds no last.ckpt and --ckpt_path names no other "
+        "checkpoint, so the model's weights are untrained and its predictions random." in err
     )
+    assert "give --ckpt_path untrained to predict with untrained weights on purpose. Nothing was written." in err
+    assert "Traceback" not in err and not (tmp_path / "logs").exists()
+
+    run_cli("predict", "-c", DDP_YAML, *SINGLE_PROCESS, "--ckpt_path", "untrained")
+    told = f"Predicting with untrained weights: no checkpoint was loaded, {run / 'checkpoints'} holds no last.ckpt."
+    assert told in caplog.text
     assert torch.load(run / "predictions.pt").shape == (1024, 8)
+
+
+class StopAfterParsing(cli.CLI):
+    def before_instantiate_classes(self) -> None:
+        raise SystemExit(0)
+
+
+def test_more_cpu_processes_than_cores_are_warned_of_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    for devices, warned in (3, True), (2, False):
+        with pytest.raises(SystemExit):
+            cli.main(
+                ["fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", f"--trainer.devices={devices}"], StopAfterParsing
+            )
+        err = capsys.readouterr().err
+        told = (
+            "warning: trainer.devices=3 starts 3 training processes on this node, which gives them 2 CPU cores: they "
+            "take turns on the cores, so each step is slower than with one process per core. Set trainer.devices to "
+            "at most 2 for a core each."
+        )
+        assert (told in err) == warned, err
+    monkeypatch.setenv("LOCAL_RANK", "1")  # a process Lightning started: its node has heard it already
+    with pytest.raises(SystemExit):
+        cli.main(["fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=3"], StopAfterParsing)
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_the_progress_bar_shows_the_run_id_whole(run_cli, monkeypatch):
@@ -364,6 +403,16 @@ def test_a_rejected_value_of_a_class_argument_is_named(run_cli, capsys):
 def test_missing_config_file_is_named(run_cli, capsys):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", "configs/missing.yaml")
     assert "configs/missing.yaml" in err and "does not exist" in err
+
+
+def test_a_misspelt_config_file_gets_the_closest_existing_file(run_cli, capsys, tmp_path):
+    (tmp_path / "configs").mkdir()
+    for name in ("ddp.yaml", "bf16.yaml", "seq2seq.yaml"):
+        (tmp_path / "configs" / name).write_text("{}\n")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", "configs/ddp.yml"))
+    assert err.endswith(f"File does not exist: '{tmp_path}/configs/ddp.yml'. Did you mean configs/ddp.yaml?"), err
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", "configs/nothing-like-it.yaml"))
+    assert "Did you mean" not in err
 
 
 def test_malformed_yaml_names_the_file_and_line(run_cli, capsys, tmp_path):

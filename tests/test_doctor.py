@@ -148,7 +148,7 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
 
 def test_bench_without_matplotlib_on_the_master_stops_before_the_processes_join(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
-    options = ["--node-rank", "0", "--num-nodes", "2", "--nproc", "1", "--accelerator", "cpu", "--config", "none.yaml"]
+    options = ["--node-rank", "0", "--num-nodes", "1", "--nproc", "1", "--accelerator", "cpu", "--config", "none.yaml"]
     options += ["--timeout", "1", "--out-dir", "out", "--bench"]
     monkeypatch.setattr(sys, "argv", ["doctor", *options])
     with pytest.raises(SystemExit) as exit_:
@@ -158,6 +158,25 @@ def test_bench_without_matplotlib_on_the_master_stops_before_the_processes_join(
         "FAIL  BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here: "
         "pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.\n"
     )
+
+
+@pytest.mark.distributed
+def test_bench_without_matplotlib_on_the_master_stops_the_workers_at_once_naming_it(tmp_path):
+    # Nothing puts matplotlib on the master's path. The worker starts first, as it waits for the master.
+    settings = {"BENCH": "1", "CONNECT_TIMEOUT": "120"}
+    (master_status, master), (worker_status, worker) = two_nodes(tmp_path, "cpu:1", **settings)
+    assert master_status == 2, master
+    assert "FAIL  BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here" in master
+    assert "telling the 1 processes of the other nodes" in master
+    assert worker_status == 1, worker
+    *_, stopped, verdict = worker.strip().splitlines()
+    assert stopped == (
+        "FAIL  node 0 stopped the doctor before the processes joined: BENCH=1: the master plots comm_bench.png with "
+        f"matplotlib, which is not installed on node 0 ({socket.gethostname()}): pip install -r "
+        "requirements-charts.txt there, or leave BENCH unset on every node."
+    ), worker
+    assert verdict == "FAIL  the doctor found problems above"
+    assert "cannot reach the master" not in worker and "no word from global rank 0" not in worker
 
 
 @pytest.mark.distributed

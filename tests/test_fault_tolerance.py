@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from tests.helpers import (
@@ -32,6 +33,7 @@ from tests.helpers import (
     torchrun_workers,
     wait_for_hold,
 )
+from training.callbacks.progress_bar import ProgressBar
 from training.checkpoints.atomic_io import AtomicCheckpointIO
 from training.checkpoints.preemption import CHECK_PERIOD, PreemptionCheckpoint
 
@@ -52,7 +54,10 @@ def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_
     monkeypatch.setattr("training.checkpoints.preemption.time.monotonic", lambda: clock[0])
     epoch_loop = SimpleNamespace(_broadcast_sigterm_tensor=None)
     trainer = SimpleNamespace(
-        world_size=1, fit_loop=SimpleNamespace(epoch_loop=epoch_loop), strategy=SimpleNamespace(launcher=None)
+        world_size=1,
+        fit_loop=SimpleNamespace(epoch_loop=epoch_loop),
+        strategy=SimpleNamespace(launcher=None),
+        received_sigterm=False,
     )
     callback = PreemptionCheckpoint()
     callback.on_train_start(trainer, None)
@@ -69,6 +74,23 @@ def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_
     finally:
         callback.on_train_end(trainer, None)
     assert 100 <= batch <= 100 + CHECK_PERIOD / PACE, f"stopped {batch - 100} batches after the signal"
+
+
+def test_the_stop_paragraph_starts_on_a_line_of_its_own_after_a_progress_bar(tmp_path, caplog):
+    saved = []
+    checkpoint = ModelCheckpoint(dirpath=tmp_path)
+    checkpoint.last_model_path = str(tmp_path / "last.ckpt")
+    trainer = SimpleNamespace(
+        checkpoint_callback=checkpoint,
+        save_checkpoint=lambda path, weights_only: saved.append(path),
+        current_epoch=1,
+        global_step=74,
+        progress_bar_callback=ProgressBar(),  # its line stays open, without a newline, until it is drawn again
+    )
+    with caplog.at_level(logging.INFO):
+        PreemptionCheckpoint().on_exception(trainer, None, SIGTERMException())
+    assert saved == [checkpoint.last_model_path]
+    assert caplog.messages[-1].startswith(f"\nStopped by a signal at epoch 1, step 74: saved {tmp_path}/last.ckpt.")
 
 
 def run_args(epochs: int = EPOCHS, hold_at: int | None = None, hold_file: Path | None = None) -> list[str]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from jsonargparse import ArgumentParser
+from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.strategies import FSDPStrategy, Strategy
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -94,7 +95,8 @@ def test_the_policy_shards_seq2seq_in_units_that_run_through_their_own_forward(c
         assert misuse and all("encoder" in m or "decoder" in m for m in misuse), misuse
 
 
-def test_fsdp_with_clipping_by_norm_stops_before_training_naming_both_files(run_cli, capsys):
+def test_fsdp_with_clipping_by_norm_stops_before_training_naming_both_files(run_cli, capsys, monkeypatch):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))  # FSDP's own check passes
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(FSDP_YAML), "-c", ACCUMULATE_YAML)
     assert f"{FSDP_YAML} (trainer.strategy) shards the model with FSDP" in err
     assert f"{ACCUMULATE_YAML} (trainer.gradient_clip_val) clips gradients by their norm" in err
@@ -102,9 +104,18 @@ def test_fsdp_with_clipping_by_norm_stops_before_training_naming_both_files(run_
     assert "Traceback" not in err
 
 
-def test_on_cpu_lightning_refuses_fsdp_with_the_reason(run_cli, capsys):
+def test_fsdp_on_cpu_stops_before_training_saying_it_needs_gpus_and_what_runs_on_cpu(run_cli, capsys, monkeypatch):
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(FSDP_YAML), "--trainer.accelerator=cpu")
-    assert "The strategy `fsdp` requires a GPU accelerator, but received `accelerator='cpu'`" in err
+    assert (
+        f"error: {FSDP_YAML} (trainer.strategy) shards the model with FSDP, which runs on CUDA GPUs only, and " in err
+    )
+    assert "and trainer.accelerator=cpu. On CPU, train with DDP, the strategy of configs/ddp.yaml" in err
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.strategy=fsdp")
+    assert "error: --trainer.strategy on the command line shards the model with FSDP, which runs on CUDA GPUs" in err
+    assert "and this machine has no CUDA GPU. On CPU, train with DDP" in err
+    assert "accelerator='cuda'" not in err and "Traceback" not in err
 
 
 def fit_then_reload_a_sharded_checkpoint(workdir: Path, processes: int, *args: str, name: str = "toy") -> None:

@@ -310,6 +310,16 @@ def write_settings(node: Path, text: str) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize(("rank", "nodes"), [("1", "2"), ("0", "2"), ("0", "")], ids=["worker", "master", "one node"])
+def test_a_master_addr_that_does_not_resolve_is_named(node, rank, nodes):
+    err = fails(node, "cpu:2", rank, MASTER_ADDR="no-such-host.invalid", NUM_NODES=nodes)
+    assert err.startswith(
+        "error: MASTER_ADDR=no-such-host.invalid does not resolve to an IPv4 address on this node (getent ahostsv4 "
+        "no-such-host.invalid finds none). Check its spelling, or set MASTER_ADDR to node 0's IP address"
+    )
+    assert err.strip().endswith("Nothing was launched.")
+
+
 def test_missing_settings_are_named(node):
     settings = write_settings(node, "MASTER_ADDR=127.0.0.1\nCONFIGS=configs/ddp.yaml\n")
     err = fails(node, "cpu:1", "0", CLUSTER_ENV=settings)

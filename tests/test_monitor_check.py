@@ -1,8 +1,11 @@
 """training.MonitorCheck: a monitor naming a metric the model never logs stops the run in its first step, leaving the
-run's directory as it was, while a metric logged at an epoch's end is never refused."""
+run's directory as it was, while a metric logged at an epoch's end is never refused; the run's one ``monitor``
+setting (``--monitor``) reaches every callback that watches it and names the best checkpoint."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+import yaml
 
 from models import ToyModel
 from tests.helpers import DDP_YAML, SINGLE_PROCESS, stopped_in_the_run
@@ -25,6 +28,14 @@ class LateValidationMetric(ToyModel):
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
             self.log("val/score", torch.tensor(1.0))
+
+
+class LogsValLoss(ToyModel):
+    """Logs its validation loss as ``val_loss``, as Lightning's own examples do."""
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.mse_loss(self(x), y))
 
 
 def monitoring(tmp_path, monitor: str) -> list[str]:
@@ -94,3 +105,60 @@ def test_without_a_sanity_check_only_a_monitor_close_to_a_logged_name_is_refused
     # The validation names are unknown until the first validation: Lightning's own check at the epoch's end.
     last = stopped_in_the_run(run_cli, capsys, *monitoring(tmp_path, "accuracy"), *no_sanity)
     assert last.startswith("error: `ModelCheckpoint(monitor='accuracy')` could not find the monitored key")
+
+
+VAL_LOSS = ["--model=tests.test_monitor_check.LogsValLoss", *ONE_EPOCH]
+
+
+def test_the_paragraph_for_the_runs_monitor_names_the_flag(run_cli, capsys):
+    last = stopped_in_the_run(run_cli, capsys, *VAL_LOSS, "--trainer.max_epochs=1")
+    assert last == (
+        "error: ModelCheckpoint monitors 'val/loss', which the model does not log; it logs 'val_loss'. Set --monitor "
+        "val_loss (monitor: val_loss in a config file), or log 'val/loss' with self.log in the model. (Found in the "
+        "first training step; Lightning would stop at the end of the first epoch.)"
+    )
+
+
+def test_one_monitor_flag_chooses_the_best_checkpoint_and_names_its_file(run_cli, tmp_path):
+    cli = run_cli("fit", "-c", DDP_YAML, *SINGLE_PROCESS, *VAL_LOSS, "--trainer.max_epochs=2", "--monitor", "val_loss")
+    best = [callback for callback in cli.trainer.checkpoint_callbacks if callback.monitor == "val_loss"]
+    assert len(best) == 1 and best[0].best_model_score is not None
+    run = tmp_path / "logs" / "logs_val_loss" / "default"
+    epoch = torch.load(best[0].best_model_path, weights_only=True)["epoch"]
+    name = f"epoch{epoch:03d}-val_loss{best[0].best_model_score:.4f}.ckpt"
+    assert sorted(path.name for path in (run / "checkpoints").iterdir()) == sorted([name, "last.ckpt"])
+    # The run's record holds the values it ran with.
+    record = yaml.safe_load((run / "config.yaml").read_text())
+    assert (record["monitor"], record["monitor_mode"]) == ("val_loss", "min")
+    watching = [
+        callback["init_args"]
+        for callback in record["trainer"]["callbacks"]
+        if "monitor" in callback.get("init_args", {})
+    ]
+    assert [args["monitor"] for args in watching] == ["val_loss", "val_loss"]  # the best checkpoint, MonitorCheck
+    assert watching[0]["filename"] == "epoch{epoch:03d}-val_loss{val_loss:.4f}"
+
+
+def test_print_config_shows_the_monitor_where_each_callback_watches_it(run_cli, capsys):
+    seq2seq = DDP_YAML.replace("ddp.yaml", "seq2seq.yaml")
+    for args, monitor, mode, file_name in (
+        ([], "val/loss", "min", "epoch{epoch:03d}-val_loss{val/loss:.4f}"),  # a '/' makes no directory
+        (["-c", seq2seq], "val/exact_match", "max", "epoch{epoch:03d}-val_exact_match{val/exact_match:.4f}"),
+        (["-c", seq2seq, "--monitor=val/loss", "--monitor_mode=min"], "val/loss", "min", None),
+    ):
+        with pytest.raises(SystemExit):
+            run_cli("fit", "-c", DDP_YAML, *args, "--print_config")
+        config = yaml.safe_load(capsys.readouterr().out)
+        assert (config["monitor"], config["monitor_mode"]) == (monitor, mode)
+        watching = {
+            callback["class_path"].rsplit(".", 1)[-1]: callback["init_args"]
+            for callback in config["trainer"]["callbacks"]
+            if callback.get("init_args", {}).get("monitor")
+        }
+        assert {name: args["monitor"] for name, args in watching.items()} == dict.fromkeys(watching, monitor)
+        assert {"ModelCheckpoint", "MonitorCheck"} <= watching.keys()
+        assert watching["ModelCheckpoint"]["mode"] == mode
+        if args:
+            assert watching["StayStopped"]["mode"] == mode
+        if file_name:
+            assert watching["ModelCheckpoint"]["filename"] == file_name

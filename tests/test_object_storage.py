@@ -1,6 +1,7 @@
 """logs/ in an object store: a 2-process run writing to an S3 bucket (moto's S3 server on loopback, in a process of
 its own that outlives the job), killed, resumed by the same command from the bucket, then validated, tested and
-predicted from the checkpoint there; a run resumed from its best checkpoint keeps that file."""
+predicted from the checkpoint there; a run resumed from its best checkpoint keeps that file; last.ckpt there is the
+latest state when the monitored metric stops improving."""
 
 import logging
 import os
@@ -187,6 +188,18 @@ def test_a_run_resumed_from_its_best_checkpoint_keeps_that_checkpoint(s3, resume
     assert best in written, "the checkpoint the run resumed from was removed"
     assert len(written) == 2, f"no better checkpoint was saved, so none was up for removal: {written}"
     assert load(s3, f"{RUN}/checkpoints/last.ckpt")["global_step"] == 3 * STEPS
+
+
+@pytest.mark.distributed
+def test_on_a_plateau_last_ckpt_in_the_bucket_is_the_latest_state(s3, run_cli, monkeypatch):
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    plateau = ["--model=tests.test_last_checkpoint.Plateau", "--trainer.max_epochs=2"]  # val/loss never improves
+    run_cli(*fit_args(*SINGLE_PROCESS, *plateau))
+    checkpoints = f"{LOGS}/plateau/default/checkpoints"
+    assert files(s3, checkpoints) == ["epoch000-val_loss1.0000.ckpt", "last.ckpt"]
+    last = load(s3, f"{checkpoints}/last.ckpt")
+    assert (last["epoch"], last["global_step"]) == (1, 2 * STEPS)
 
 
 @pytest.mark.distributed

@@ -63,17 +63,19 @@ def test_the_loss_is_finite_and_fell(bf16_run):
     assert val[-1] < val[0]
 
 
-def test_fp16_on_cpu_runs_bf16_with_a_warning(run_cli):
-    with pytest.warns(UserWarning, match="AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`"):
-        result = run_cli(
-            "fit",
-            "-c",
-            DDP_YAML,
-            "-c",
-            FP16_YAML,
-            *SINGLE_PROCESS,
-            "--trainer.accelerator=cpu",
-            "--trainer.fast_dev_run=1",
-        )
-    assert result.trainer.precision == "bf16-mixed"
-    assert result.trainer.precision_plugin.scaler is None  # no GradScaler: bfloat16 needs none
+def test_fp16_on_cpu_stops_before_training_naming_bf16_mixed(run_cli, capsys):
+    # Lightning would train in bfloat16 instead, with a one-line warning among its start-up lines.
+    for given, origin in (
+        (["-c", FP16_YAML], f"{FP16_YAML} (trainer.precision)"),
+        (
+            ["--trainer.precision=16-mixed"],
+            "--trainer.precision on the command line",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            run_cli("fit", "-c", DDP_YAML, *given, *SINGLE_PROCESS, "--trainer.accelerator=cpu")
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: {origin} asks for float16 mixed precision, which Lightning runs on CUDA GPUs only" in err
+        assert "set trainer.precision=bf16-mixed (configs/bf16.yaml instead of configs/fp16.yaml)" in err
+        assert "Traceback" not in err

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import jsonargparse
 import lightning
+from jsonargparse import set_parsing_settings
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from tests.helpers import REPO
@@ -17,9 +19,11 @@ from training.private_api import (
     CHECKED_WITH,
     AppendingExperimentWriter,
     attach_mlflow_run,
+    last_saved_step,
     logged_names,
     omegaconf_loader,
     stop_sigterm_broadcast,
+    watch_started_processes,
 )
 
 
@@ -28,12 +32,27 @@ def moved(library: str, installed: str, use: str) -> str:
     return f"{library} {installed} (checked with {checked}): {use} no longer works; see training/private_api.py"
 
 
-def test_jsonargparse_still_has_its_omegaconf_loader():
-    load = omegaconf_loader()
-    loaded = load("a: ${b}\nb: 3\n")
-    assert loaded == {"a": 3, "b": 3}, moved(
-        "jsonargparse", jsonargparse.__version__, "_optionals.get_omegaconf_loader"
+def test_jsonargparse_still_has_its_omegaconf_plus_loader():
+    set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    loaded = omegaconf_loader()("a:\n  b: ${c}\nc: 3\n")
+    use = "_optionals.get_omegaconf_loader('omegaconf+')"
+    assert loaded == {"a": {"b": "${..c}"}, "c": 3}, moved("jsonargparse", jsonargparse.__version__, use)
+
+
+def test_lightning_still_keeps_the_step_of_a_checkpoint_callbacks_latest_save(tmp_path):
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2)
+    trainer = Trainer(
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[checkpoint],
     )
+    assert last_saved_step(checkpoint) == 0
+    trainer.fit(BoringModel())
+    use = "ModelCheckpoint._last_global_step_saved"
+    assert last_saved_step(checkpoint) == 2, moved("lightning", lightning.__version__, use)
 
 
 def test_lightning_still_broadcasts_sigterm_after_every_batch_and_it_can_be_stopped():
@@ -133,6 +152,20 @@ def is_private_path(dotted: str) -> bool:
 
 def is_self(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def test_lightnings_launcher_still_hands_the_processes_it_started_to_the_watch_of_its_module():
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    use = "subprocess_script._launch_process_observer, called by _SubprocessScriptLauncher.launch"
+    launch = inspect.getsource(subprocess_script._SubprocessScriptLauncher.launch)
+    assert "_launch_process_observer(self.procs)" in launch, moved("lightning", lightning.__version__, use)
+    lightnings = subprocess_script._launch_process_observer
+    try:
+        watch_started_processes(print)
+        assert subprocess_script._launch_process_observer is print
+    finally:
+        subprocess_script._launch_process_observer = lightnings
 
 
 def test_no_private_name_is_used_outside_private_api():

@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from tests.helpers import DDP_YAML, SINGLE_PROCESS
-from training.checkpoints.resume import checkpoint_problem, counters, past_end
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from training.checkpoints.contents import counters
+from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
 
 
@@ -76,7 +77,7 @@ def test_a_run_past_its_end_stops_before_training_and_its_record_stays(run_cli, 
     assert "step 8 (2 epochs begun), beyond trainer.max_steps=5" in err
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     err = fails(run_cli, capsys, *fit, "--ckpt_path=notes.txt")
-    assert f"the checkpoint {tmp_path / 'notes.txt'} cannot be read as a Lightning checkpoint" in err
+    assert f"{tmp_path / 'notes.txt'} (16 bytes) is not a checkpoint: a torch checkpoint is a zip archive" in err
 
     # Exactly at its end: harmless, so a scheduler may requeue a finished run.
     run_cli(*fit, "--trainer.max_epochs=2", "--seed_everything=7")
@@ -90,9 +91,47 @@ def test_a_run_past_its_end_stops_before_training_and_its_record_stays(run_cli, 
     assert earlier.read_bytes() == files[run / "config.yaml"], "the config of the first two epochs was not kept"
 
 
+CUTS = {
+    "half": (0.5, "is not a complete checkpoint: a torch checkpoint is a zip archive, and this one is cut short"),
+    "90%": (0.9, "is not a complete checkpoint: a torch checkpoint is a zip archive, and this one is cut short"),
+    "99%": (0.99, "is not a complete checkpoint: a torch checkpoint is a zip archive, and this one is cut short"),
+    "empty": (0, "is empty: a save or a copy that wrote nothing"),
+}
+
+
+def test_a_damaged_checkpoint_is_named_with_its_size_and_what_it_lacks_and_the_run_stays(run_cli, capsys, tmp_path):
+    args = ["-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    run_cli("fit", *args, "--trainer.max_epochs=1")
+    run = tmp_path / "logs" / "toy" / "default"
+    last = run / "checkpoints" / "last.ckpt"
+    (best,) = (path for path in last.parent.glob("*.ckpt") if path != last)
+    whole = last.read_bytes()
+    cuts = {name: (whole[: int(len(whole) * fraction)], told) for name, (fraction, told) in CUTS.items()}
+    cuts["text"] = (
+        (REPO / "README.md").read_bytes(),
+        "is not a checkpoint: a torch checkpoint is a zip archive, and this is a text file",
+    )
+    for name, (content, told) in cuts.items():
+        last.write_bytes(content)
+        files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+        for subcommand in ("fit", "validate", "predict"):
+            err = fails(run_cli, capsys, subcommand, *args, "--trainer.max_epochs=2")
+            size = f"{len(content)} bytes" if len(content) < 1024 else f"{round(len(content) / 1024)} KB"
+            assert f"error: {last} ({size}) {told}" in err, (name, subcommand, err)
+            assert f"Nothing was changed. Give another checkpoint with --ckpt_path, such as {best}" in err, err
+            assert "move it away to start the run over" in err
+            assert "mmap" not in err and "miniz" not in err and "zipfile_serialization" not in err, err
+            after = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+            assert after == files, (name, subcommand, "the failed attempt changed the run's directory")
+
+    err = fails(run_cli, capsys, "test", *args, "--ckpt_path", str(REPO / "README.md"))
+    assert f"error: {REPO / 'README.md'} (" in err and "is not a checkpoint: a torch checkpoint is a zip" in err
+    assert "Give another checkpoint with --ckpt_path." in err and "move it away" not in err
+
+
 def test_checkpoint_names_lightning_resolves_are_left_to_it_where_it_can(tmp_path, monkeypatch):
     for name in ("best", "hpc", "registry:my-model:latest"):
-        assert past_end(None, name, True) is None, name
+        assert start_problem(None, "fit", name, True) is None, name
     (tmp_path / "hpc_ckpt_3.ckpt").touch()
     assert checkpoint_problem("hpc", str(tmp_path)) is None
     found = importlib.util.find_spec

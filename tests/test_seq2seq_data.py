@@ -337,3 +337,30 @@ def test_predict_loader_keeps_input_indices(tmp_path):
     batches = list(data.predict_dataloader())
     assert [i for b in batches for i in b["index"].tolist()] == [0, 1, 2]
     assert "target" not in batches[0]
+
+
+def test_a_file_too_small_for_the_processes_is_named_before_any_starts(run_cli, capsys, tmp_path):
+    pairs = write(tmp_path / "pairs.tsv", ["1\tone", "2\ttwo", "3\tthree"])
+    args = ["fit", "-c", DDP_YAML, "-c", SEQ2SEQ_YAML, "--trainer.accelerator=cpu", f"--data.init_args.path={pairs}"]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(*args, "--trainer.devices=2")  # refused in this process: a second one would start only later
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"error: data.path {pairs} holds 3 distinct sources: data.val_fraction=0.025 holds out 1 for validation and "
+        "leaves 2 to train on, and each of the 2 processes needs at least one of each. Give at least 60 pairs with "
+        "distinct sources, or start fewer processes (trainer.devices, trainer.num_nodes)." in err
+    )
+    assert "Traceback" not in err and not (tmp_path / "logs").exists()
+
+    with pytest.raises(SystemExit):
+        run_cli(*args, "--trainer.devices=2", "--data.init_args.val_fraction=0.5")
+    assert "holds out 2 for validation and leaves 1 to train on" in capsys.readouterr().err
+
+    with pytest.raises(SystemExit):
+        run_cli(
+            "validate", *args[1:], "--trainer.devices=2", "--data.init_args.path=null", "--data.init_args.num_pairs=5"
+        )
+    err = capsys.readouterr().err
+    assert "error: the built-in corpus of data.num_pairs=5 holds 5 distinct sources" in err
+    assert "Set data.num_pairs to 60, raise data.val_fraction to 0.4, or start fewer processes" in err

@@ -21,8 +21,14 @@ def member(node: int, local: int, host: str = "", **facts) -> Member:
     return Member(node, local, host or f"host{node}", 1000 + 10 * node + local, {**FACTS, **facts})
 
 
-def shake(members: list[Member], timeout: float = 5, fail_fast: bool = True) -> dict[tuple[int, int], object]:
-    """Run the handshake for every member in its own thread; return each one's result or error."""
+def shake(
+    members: list[Member],
+    timeout: float = 5,
+    fail_fast: bool = True,
+    gives_up: dict[tuple[int, int], str] | None = None,
+) -> dict[tuple[int, int], object]:
+    """Run the handshake for every member in its own thread; return each one's result or error. ``gives_up``: the
+    words with which a member (node, local rank) stops waiting, as when a process of its node ended."""
     store = HashStore()
     results: dict[tuple[int, int], object] = {}
 
@@ -37,6 +43,7 @@ def shake(members: list[Member], timeout: float = 5, fail_fast: bool = True) -> 
                 address="10.0.0.1:29500",
                 leader=(me.node_rank, me.local_rank) == (0, 0),
                 fail_fast=fail_fast,
+                abandoned=lambda: (gives_up or {}).get((me.node_rank, me.local_rank), ""),
             )
         except StartupError as error:
             results[(me.node_rank, me.local_rank, me.pid)] = error
@@ -80,7 +87,8 @@ def test_a_long_wait_says_who_joined_and_who_is_missing_a_line_at_a_time(capsys,
     leader = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Waiting at")]
     assert leader[-1].startswith(
         "Waiting at 10.0.0.1:29500 for the job's processes: 2 of 4 joined (node 0 (host0) 2 "
-        "of 2); node rank 1 not yet; 0:00:0"
+        "of 2); node rank 1 not yet (the job has num_nodes=2: for fewer nodes, set trainer.num_nodes or NUM_NODES); "
+        "0:00:0"
     )
 
 
@@ -115,6 +123,14 @@ def test_a_process_missing_on_a_node_is_named():
     message = str(results[(0, 0, 1000)])
     assert "only 3 of 4 processes joined" in message
     assert "node 1 lacks local rank 1 (a process there stopped before joining)" in message
+
+
+def test_a_process_that_gives_up_stops_every_process_at_once_with_its_words():
+    why = "the job cannot start: rank 3 (local rank 1, pid 1011) of node 1 (host1) was killed by SIGKILL"
+    started = time.monotonic()
+    results = shake([member(0, 0), member(0, 1), member(1, 0)], timeout=60, gives_up={(1, 0): why})
+    assert time.monotonic() - started < 30, "the job waited for the join timeout"
+    assert {str(result) for result in results.values()} == {why}
 
 
 def test_a_different_node_count_fails_fast_and_names_the_fix():
@@ -170,6 +186,11 @@ def test_a_master_without_its_worker_stops_after_the_join_timeout(tmp_path):
     assert "error: the job cannot start: only 1 of 2 processes joined within 0:00:03; node rank 1 never arrived" in (
         output
     )
+    assert (
+        "The job has num_nodes=2 (trainer.num_nodes in the config or on the command line, or NUM_NODES in the "
+        "environment): if it is meant to run on this machine only, set num_nodes to 1; otherwise start node rank 1 "
+        "with the same command."
+    ) in output
     assert "Traceback" not in output
 
 

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from tests.helpers import DDP_YAML, cli_job, job_output, plain_lightning_cli, plain_predictions, succeeded
-from training.checkpoints.resume import counters
+from training.checkpoints.contents import counters
 
 PLATEAU = ["--model", "tests.zoo.PlateauClassifier", "--data", "tests.zoo.Blobs"]
 SATURATING = ["--model", "tests.zoo.SaturatingClassifier", "--data", "tests.zoo.Blobs"]

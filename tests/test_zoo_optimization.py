@@ -36,7 +36,7 @@ from tests.helpers import (
     succeeded,
     wait_for_hold,
 )
-from training.checkpoints.resume import counters
+from training.checkpoints.contents import counters
 
 FIND_UNUSED_YAML = str(REPO / "configs" / "find_unused.yaml")
 GAN = ["--model", "tests.zoo.GAN", "--data", "tests.zoo.Samples"]

@@ -4,6 +4,7 @@ from training.callbacks.prediction_writer import PredictionWriter, Seq2SeqPredic
 from training.callbacks.progress_bar import ProgressBar
 from training.callbacks.unused_parameters import UnusedParameterCheck
 from training.checkpoints.atomic_io import AtomicCheckpointIO
+from training.checkpoints.last import LastCheckpoint
 from training.checkpoints.preemption import PreemptionCheckpoint
 from training.checkpoints.resume import ResumeReport
 from training.checkpoints.rng_state import RNGStateCheckpoint
@@ -20,6 +21,7 @@ __all__ = [
     "CSVLogger",
     "DDPStrategy",
     "GlobalBatch",
+    "LastCheckpoint",
     "MLFlowLogger",
     "MonitorCheck",
     "PredictionWriter",

@@ -6,25 +6,38 @@ naming the use and both versions, when an upgrade takes one away. Everything els
 from here, so an upgrade is checked in one place.
 """
 
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.strategies.launchers import subprocess_script
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
 
 def omegaconf_loader() -> Callable[[str], Any]:
-    """jsonargparse's loader for ``parser_mode="omegaconf"``, unwrapped.
+    """jsonargparse's loader for ``parser_mode="omegaconf+"``, unwrapped: YAML, with ``${key}`` made relative to
+    where it appears when ``omegaconf_absolute_to_relative_paths`` is set.
 
-    cli.py wraps it so a YAML or interpolation error names its file. jsonargparse registers this loader
-    lazily, on the first value it parses, so its public ``get_loader("omegaconf")`` has nothing to return
+    training/config_loader.py wraps it so a YAML or interpolation error names its file. jsonargparse registers this
+    loader lazily, on the first value it parses, so its public ``get_loader("omegaconf+")`` has nothing to return
     before then, and after cli.py's first run it would return cli.py's own wrapper.
     """
-    return get_omegaconf_loader("omegaconf")
+    return get_omegaconf_loader("omegaconf+")
+
+
+def last_saved_step(callback: ModelCheckpoint) -> int:
+    """The global step of ``callback``'s latest save (0 before any).
+
+    training/checkpoints/last.py writes last.ckpt at the end of training when the latest save was at an earlier step;
+    ModelCheckpoint keeps that step only in ``_last_global_step_saved``.
+    """
+    return callback._last_global_step_saved
 
 
 def stop_sigterm_broadcast(trainer: Trainer) -> bool:
@@ -67,6 +80,16 @@ def logged_names(trainer: Trainer) -> set[str]:
         levels = [on_step for on_step, logged in ((True, meta.on_step), (False, meta.on_epoch)) if logged]
         names |= {meta.name + suffix} | {meta.forked_name(on_step) + suffix for on_step in levels}
     return names
+
+
+def watch_started_processes(watch: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Have Lightning's launcher hand the processes it starts on a node to ``watch`` instead of its own watch.
+
+    Lightning's watch SIGKILLs every process of the node, the launching one included, up to 5 s after one of them
+    ended with an error, before any can say what happened (training/job/node_processes.py says it instead). The launcher
+    has no setting for it: it calls the function by its name in the launcher's module.
+    """
+    subprocess_script._launch_process_observer = watch
 
 
 class AppendingExperimentWriter(ExperimentWriter):

@@ -2,9 +2,12 @@
 explains a job that lost a node."""
 
 import atexit
+import gc
 import os
 import signal
 import socket
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -19,12 +22,17 @@ from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
 from training.checkpoints.agreement import loads_problem, model_mismatch
+from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.heartbeat import why_stopped
 from training.heartbeat.liveness import Liveness
+from training.job import node_processes
 from training.job.elastic import nodes_present
 from training.job.fingerprint import checkpoint_fact, code_digest
+from training.job.node_processes import NodeProcesses
 from training.job.startup import Member, StartupError, handshake
+from training.job.stop_signal import StopBeforeTraining
 from training.job.store import connect
+from training.private_api import watch_started_processes
 
 
 class DDPStrategy(LightningDDPStrategy):
@@ -73,6 +81,11 @@ class DDPStrategy(LightningDDPStrategy):
         self.checkpoint_problem = ""
         # Read before Lightning's launcher sets it: given by the user, it means the processes are started outside.
         self.local_rank_given = os.environ.get("LOCAL_RANK")
+        if self.local_rank_given is None:
+            node_processes.mark_as_starter()
+        watch_started_processes(node_processes.watch)
+        self.stop_before_training = StopBeforeTraining()
+        self.wrapper: Callable[[], Any] = lambda: None  # the DDP wrapper, while it lives
 
     @property
     def num_nodes(self) -> int:
@@ -90,24 +103,38 @@ class DDPStrategy(LightningDDPStrategy):
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
         self.set_world_ranks()
         if self.world_size > 1 and not dist.is_initialized():
+            self.stop_before_training.start(self._where, self._pass_on)
             backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
+            store = self._join()
+            # Before the process group forms: a process that dies while the others wait for it there is named
+            # within peer_timeout, not after the collective timeout.
+            self.liveness = self._liveness()
+            self.liveness.start()
             dist.init_process_group(
                 backend,
-                store=self._join(),
+                store=store,
                 rank=self.global_rank,
                 world_size=self.world_size,
                 timeout=self.timeout,
                 device_id=self.root_device if self.root_device.type != "cpu" else None,
             )
-            if backend == "nccl":
-                atexit.register(leave_process_group)
+            atexit.register(leave_process_group, lambda: self.wrapper())
             rank_zero_info(f"Process group started: {backend}, {self.world_size} processes, timeout {self.timeout}.")
-            self.liveness = self._liveness()
-            self.liveness.start()
         super().setup_distributed()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        super().save_checkpoint(checkpoint, filepath, storage_options)
+        # Every process comes here; global rank 0 writes. A full disk stops them all at once, each saying why,
+        # instead of rank 0 alone, with the others left to find a collective broken.
+        failure, host = None, socket.gethostname()
+        try:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+        except CheckpointSpaceError as error:
+            failure = str(error)
+        if self.world_size > 1:
+            failure, host = self.broadcast((failure, host))
+        if failure is not None:
+            told = f"this node stopped with global rank 0, on node 0 ({host}), where {failure}"
+            raise CheckpointSpaceError(failure if self.is_global_zero else told)
         path = str(filepath) if "://" in str(filepath) else os.path.abspath(filepath)
         self.saved = {"path": path, "epoch": checkpoint.get("epoch"), "step": checkpoint.get("global_step")}
 
@@ -130,11 +157,18 @@ class DDPStrategy(LightningDDPStrategy):
             self.liveness.stop_job(paragraph)
         self.liveness.errored(exception)
 
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        self.wrapper = weakref.ref(self.model)
+
     def teardown(self) -> None:
+        self.stop_before_training.end()
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
-        super().teardown()
+        super().teardown()  # Lightning unwraps the model: the DDP wrapper goes, while the process group lives on
+        if self.wrapper() is not None:  # held in a reference cycle
+            gc.collect()
 
     def load_model_state_dict(self, checkpoint: dict[str, Any], strict: bool = True) -> None:
         # Reported in setup() by every process at once: a process that raised here alone would leave the
@@ -163,11 +197,12 @@ class DDPStrategy(LightningDDPStrategy):
         if problem := loads_problem(everyone, trainer.ckpt_path):
             raise StartupError(problem)
         super().setup(trainer)
+        self.stop_before_training.end()
 
     def _join(self) -> Store:
         environment = self.cluster_environment
         host, port = environment.main_address, environment.main_port
-        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}")
+        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned)
         me = Member(
             node_rank=self.node_rank,
             local_rank=self.local_rank,
@@ -193,6 +228,7 @@ class DDPStrategy(LightningDDPStrategy):
                 address=f"{host}:{port}",
                 leader=self.global_rank == 0,
                 advice=self._started_outside_advice(),
+                abandoned=self._abandoned,
             )
         except StartupError:
             # The processes Lightning started on this node may still be importing: they would only wait
@@ -203,6 +239,19 @@ class DDPStrategy(LightningDDPStrategy):
         hosts = dict.fromkeys(member.where for member in roster.members)
         rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
+
+    def _pass_on(self, signum: int) -> None:
+        if self.launcher is not None:  # to the processes it started on this node
+            self.launcher.kill(signum)
+
+    def _where(self) -> str:
+        return f"node {self.node_rank} ({socket.gethostname()})"
+
+    def _node_processes(self) -> NodeProcesses:
+        return NodeProcesses(self._where(), self.node_rank * self.num_processes)
+
+    def _abandoned(self) -> str:
+        return self._node_processes().abandoned()
 
     def _started_outside_advice(self) -> str:
         # A LOCAL_RANK left in a shell (hand-written launch scripts export it) makes Lightning start no process
@@ -226,6 +275,7 @@ class DDPStrategy(LightningDDPStrategy):
             self.timeout,
             self._progress,
             announce=self.local_rank == 0,
+            node=self._node_processes(),
         )
 
     def _progress(self) -> tuple[int, int] | None:
@@ -233,7 +283,15 @@ class DDPStrategy(LightningDDPStrategy):
         return (trainer.current_epoch, trainer.global_step) if trainer is not None else None
 
 
-def leave_process_group() -> None:
-    """At exit: torch warns of an NCCL process group that was never destroyed."""
-    if dist.is_initialized():
+def leave_process_group(wrapper: Callable[[], Any]) -> None:
+    """At exit, destroy the process group (torch warns of an NCCL one left), unless the DDP ``wrapper`` still lives.
+
+    The wrapper must go first: its Reducer is freed with the GIL held, and were it the group's last holder, the
+    group's destructor would join gloo's worker threads, which may need the GIL to free a finished all-reduce, and
+    the process would never end. A wrapper something still holds (the traceback of an error in its forward) is
+    freed as Python ends, before the group, which the process group registry holds until then.
+    """
+    if wrapper() is not None:
+        gc.collect()
+    if dist.is_initialized() and wrapper() is None:
         dist.destroy_process_group()

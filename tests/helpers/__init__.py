@@ -69,7 +69,7 @@ def made_once(requirements: Path, kind: str, make: Callable[[Path], None], holds
 
 def pip_install(python: Path | str, *args: str) -> None:
     done = run_script(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], REPO, timeout=1200
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", *args], REPO, timeout=900
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

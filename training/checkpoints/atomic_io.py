@@ -1,7 +1,9 @@
 """Checkpoints written to a temporary file beside their destination and renamed into place, in the background if
 asked, and removed only from the directory the run saves into."""
 
+import errno
 import os
+import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,12 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from training.checkpoints.contents import size_text
 from training.run.storage import parent
+
+
+class CheckpointSpaceError(OSError):
+    """A checkpoint the disk had no room for; its message is the paragraph that says so."""
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -22,12 +29,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     The checkpoint is streamed to ``.<name>.partial`` in the destination directory, synced to disk, then
     renamed over the destination. Lightning's own save goes through a temporary file in the system temp
     directory, which becomes a non-atomic copy when that is another filesystem (a mounted volume, say).
-    A ``.partial`` file left by a kill is overwritten by the next save of the same checkpoint. An object store
+    A save that fails (a full disk) removes its ``.partial`` file; those a kill left behind are removed before the
+    first save into their directory. An object store
     (``s3://``) shows an object only once its upload is complete, which is atomic already.
 
     With ``background``, a save copies the checkpoint's tensors into host memory and returns: a thread writes
     the copy while training goes on. Removals (ModelCheckpoint's previous best, right after it asked for the new
-    save) wait in the same queue, so a kill never leaves the old file removed and the new one unwritten. Before
+    save) wait in the same queue, and are skipped when a write before them failed: neither a kill nor a full disk
+    leaves the old file removed and the new one unwritten. Before
     the copy of a later step, the writes of earlier steps are awaited (an error of a write is raised there) and
     their copies' memory is used again: host memory holds the copies of one step's checkpoints (the best and the
     last: twice the state) while the run trains. Loading and the end of the run (``teardown``, also after an
@@ -51,6 +60,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self.pending: list[tuple[int, Future, list[torch.Tensor]]] = []  # (global step, write or removal, its copies)
         self.spare: dict[tuple, list[torch.Tensor]] = {}  # host memory of written copies, by shape and dtype
         self.step = 0  # of the newest checkpoint asked for
+        self.cleaned: set[Path] = set()  # directories rid of the .partial files an earlier attempt left
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
@@ -82,11 +92,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if target.parent not in self.cleaned:  # before this process wrote any: only a kill's can be there
+            self.cleaned.add(target.parent)
+            for leftover in target.parent.glob(".*.ckpt.partial"):
+                leftover.unlink(missing_ok=True)
         partial = target.with_name(f".{target.name}.partial")
-        with open(partial, "wb") as file:
-            torch.save(checkpoint, file)
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            with open(partial, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+        except OSError as error:
+            partial.unlink(missing_ok=True)  # nothing half-written left behind, and its space free again
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CheckpointSpaceError(no_room(checkpoint, target)) from None
+            raise
         os.replace(partial, target)
         directory = os.open(target.parent, os.O_RDONLY)
         try:
@@ -96,9 +116,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         if self.background:
-            self.queue(self.remove, str(path), copies=[])
+            # ModelCheckpoint asks for this right after the save of its replacement: done only if that succeeded.
+            earlier = [future for _, future, _ in self.pending]
+            self.queue(self.remove_after, earlier, str(path), copies=[])
         else:
-            self.remove(str(path))
+            self.remove(str(path))  # a failed save raised before Lightning could ask
+
+    def remove_after(self, earlier: list[Future], path: str) -> None:
+        if all(future.exception() is None for future in earlier):  # done: one writer thread, in order
+            self.remove(path)
 
     def remove(self, path: str) -> None:
         if path == self.loaded or (self.saving_into is not None and parent(path) != self.saving_into):
@@ -140,3 +166,36 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             future.result()
             for copied in copies:  # written: its memory takes the next copy of a tensor of its shape
                 self.spare.setdefault((copied.shape, copied.dtype), []).append(copied)
+
+
+def no_room(checkpoint: dict[str, Any], target: Path) -> str:
+    """The paragraph for ``checkpoint``, which did not fit on the disk of ``target``'s directory."""
+    needed = written_size(checkpoint)
+    disk = shutil.disk_usage(target.parent)
+    return (
+        f"the checkpoint {target} could not be saved: the disk of {target.parent} is full. The checkpoint needs "
+        f"{size_text(needed)} and {size_text(disk.free)} of the disk's {size_text(disk.total)} is free; the "
+        f"run's earlier checkpoints are kept whole. Free at least {size_text(max(needed - disk.free, 1))} there (more "
+        "for the checkpoints still to come), or give the run a larger disk, then run the same command: it resumes "
+        "from the run's last.ckpt."
+    )
+
+
+class ByteCounter:
+    """A file that counts what is written to it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.size += memoryview(data).nbytes
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        pass
+
+
+def written_size(checkpoint: dict[str, Any]) -> int:
+    counter = ByteCounter()
+    torch.save(checkpoint, counter)
+    return counter.size

@@ -55,7 +55,8 @@ class PreemptionCheckpoint(Callback):
             rank_zero_warn("Lightning's per-batch SIGTERM broadcast has moved; it stays on and costs some speed.")
         # After Lightning registered its handlers, which it restores when the run ends.
         if threading.current_thread() is threading.main_thread():
-            self._requested = False
+            # A signal since the run started (its sanity check) was noted by Lightning's handler.
+            self._requested = trainer.received_sigterm
             for signum in SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._handler(trainer))
 
@@ -100,7 +101,10 @@ class PreemptionCheckpoint(Callback):
         path = last_checkpoint_path(trainer)
         trainer.checkpoint_callback.last_model_path = str(path)
         trainer.save_checkpoint(path, weights_only=False)
+        # A progress bar leaves its line open: the paragraph starts on a line of its own.
+        bar = trainer.progress_bar_callback
         rank_zero_info(
-            f"Stopped by a signal at epoch {trainer.current_epoch}, step {trainer.global_step}: saved {path}. "
+            ("\n" if bar is not None and bar.is_enabled else "")
+            + f"Stopped by a signal at epoch {trainer.current_epoch}, step {trainer.global_step}: saved {path}. "
             "Run the same command again to resume from there."
         )

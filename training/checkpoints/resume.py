@@ -6,18 +6,20 @@ the run's checkpoint directory, and a run without one starts from scratch.
 
 import importlib.util
 import os
-import pickle
 import re
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from training.checkpoints.contents import counters
 from training.run.storage import is_remote, parent, shown
+
+# --ckpt_path untrained: validate, test or predict with the model's untrained weights on purpose.
+UNTRAINED = "untrained"
 
 
 def checkpoint_dir(trainer: Trainer) -> str | None:
@@ -62,28 +64,13 @@ def last_checkpoint(trainer: Trainer) -> str | None:
 
 def resume_path(trainer: Trainer, ckpt_path: str | None) -> str | None:
     """``ckpt_path`` as the subcommand should get it: ``last`` in an object store becomes the newest ``last.ckpt``
-    there (or None), which Lightning 2.6.6 would not find (#18261: it drops the URL's protocol); anything else as
-    given."""
+    there (or None), which Lightning 2.6.6 would not find (#18261: it drops the URL's protocol); ``untrained``
+    becomes None; anything else as given."""
+    if ckpt_path == UNTRAINED:
+        return None
     if ckpt_path == "last" and is_remote(checkpoint_dir(trainer)):
         return last_checkpoint(trainer)
     return ckpt_path
-
-
-def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
-    """(epochs begun, optimizer steps done) of the checkpoint file ``path``; ValueError when it is no checkpoint."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
-        # The epoch a checkpoint saved at the end of training holds is the next one, never begun: a run without
-        # validation saves its last.ckpt there (ModelCheckpoint.on_train_end). The loop's count of epochs started
-        # is right wherever the save came from.
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
-        return progress.get("started", checkpoint["epoch"] + 1), checkpoint["global_step"]
-    except (RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"the checkpoint {shown(path)} cannot be read as a Lightning checkpoint ({reason}). Give "
-            "--ckpt_path a checkpoint this template wrote, or move the damaged file away to start the run afresh."
-        ) from None
 
 
 def found_by_lightning(ckpt_path: str) -> bool:
@@ -95,7 +82,7 @@ def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None) -> st
     """What is wrong with ``--ckpt_path``, or None: a path that does not exist, a directory that is no sharded
     checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint, a name Lightning cannot resolve in
     this process. ``root_dir`` is ``trainer.default_root_dir`` (None: the working directory)."""
-    if ckpt_path in (None, "last"):
+    if ckpt_path in (None, "last", UNTRAINED):
         return None
     if found_by_lightning(ckpt_path):
         return name_problem(ckpt_path, root_dir or os.getcwd())
@@ -136,8 +123,8 @@ def name_problem(ckpt_path: str, root_dir: str) -> str | None:
         return (
             "--ckpt_path best: Lightning resolves best to the best checkpoint of a fit that ran earlier in the same "
             "process, and cli.py runs one subcommand per process, so there is none. Give a checkpoint's path "
-            "instead, such as the run's checkpoints/epochNNN-val_lossX.XXXX.ckpt (the best by val/loss under "
-            "configs/ddp.yaml), or --ckpt_path last for its last.ckpt."
+            "instead, such as the run's checkpoints/epochNNN-val_lossX.XXXX.ckpt (the best by the monitored "
+            "metric, val/loss unless --monitor names another), or --ckpt_path last for its last.ckpt."
         )
     if ckpt_path == "hpc" and not get_filesystem(root_dir).glob(f"{root_dir.rstrip('/')}/hpc_ckpt_*.ckpt"):
         return (
@@ -153,25 +140,28 @@ def name_problem(ckpt_path: str, root_dir: str) -> str | None:
     return None
 
 
-def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None) -> str | None:
-    """What is wrong with resuming from ``ckpt_path`` under ``trainer``'s limits, or None when nothing is.
+def start_problem(trainer: Trainer, subcommand: str, ckpt_path: str | None, weights_only: bool | None) -> str | None:
+    """What keeps ``subcommand`` from starting from ``ckpt_path`` (as the config gives it) under ``trainer``, or
+    None: a checkpoint that cannot be read, a fit past the end its limits set, a predict without trained weights.
 
-    Lightning finds a checkpoint past ``max_epochs`` only once every process has started, and says so in a
-    traceback from each; this reads the checkpoint's two counters in the launching process instead.
+    Lightning finds the first two only once every process has started, and says so in a traceback from each; this
+    reads the checkpoint's two counters in the launching process instead.
     """
-    if ckpt_path is None or found_by_lightning(ckpt_path):
+    if ckpt_path is not None and (ckpt_path == UNTRAINED or found_by_lightning(ckpt_path)):
         return None
     path = last_checkpoint(trainer) if ckpt_path == "last" else ckpt_path
-    if path is None or is_remote(path) or Path(path).is_dir():
-        return None  # nothing to resume, or a checkpoint Lightning resolves or reads itself (sharded, remote)
+    if path is None:
+        return no_weights(trainer) if subcommand == "predict" else None
+    if is_remote(path) or Path(path).is_dir():
+        return None  # a checkpoint Lightning reads itself (sharded, remote)
     try:
         epochs, steps = counters(path, weights_only is not False)
     except ValueError as error:
         return str(error)
     over = []
-    if trainer.max_epochs not in (None, -1) and epochs > trainer.max_epochs:
+    if subcommand == "fit" and trainer.max_epochs not in (None, -1) and epochs > trainer.max_epochs:
         over.append(f"trainer.max_epochs={trainer.max_epochs}")
-    if trainer.max_steps != -1 and steps > trainer.max_steps:
+    if subcommand == "fit" and trainer.max_steps != -1 and steps > trainer.max_steps:
         over.append(f"trainer.max_steps={trainer.max_steps}")
     if not over:
         return None
@@ -181,6 +171,17 @@ def past_end(trainer: Trainer, ckpt_path: str | None, weights_only: bool | None)
         f"at epoch {epochs - 1}, step {steps} ({epochs} epochs begun), beyond {' and '.join(over)}. To continue "
         "this run, raise that limit; to train with these settings from the start, set RUN_ID to a new run name. "
         "Nothing was started."
+    )
+
+
+def no_weights(trainer: Trainer) -> str:
+    """The paragraph refusing a predict that has no checkpoint: its predictions would be of random weights."""
+    where = shown(checkpoint_dir(trainer) or trainer.default_root_dir)
+    return (
+        f"nothing to predict with: {where} holds no last.ckpt and --ckpt_path names no other checkpoint, so the "
+        "model's weights are untrained and its predictions random. Train the run first (cli.py fit with the same "
+        "config and RUN_ID), give a checkpoint with --ckpt_path, or give --ckpt_path untrained to predict with "
+        "untrained weights on purpose. Nothing was written."
     )
 
 
@@ -205,7 +206,8 @@ class ResumeReport(Callback):
             rank_zero_info(f"{doing} with the weights of {self.loaded}.")
         else:
             where = shown(checkpoint_dir(trainer) or trainer.default_root_dir)
-            rank_zero_info(f"{doing} with untrained weights: no --ckpt_path was given and {where} holds no last.ckpt.")
+            why = "the config names none" if last_checkpoint(trainer) else f"{where} holds no last.ckpt"
+            rank_zero_info(f"{doing} with untrained weights: no checkpoint was loaded, {why}.")
         self.loaded = None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -8,7 +8,9 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
 from training.config.trainer_settings import combination_problem, trainer_problem
 from training.job.startup import StartupError
@@ -26,6 +28,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         storage_problem(settings)
         or checkpoint_problem(settings.get("ckpt_path"), root_dir)
         or optimizer_problem(settings)
+        or optimizer_flags_problem(settings)
         or trainer_problem(settings)
         or combination_problem(settings)
         or mlflow_problem(settings)
@@ -43,14 +46,15 @@ def instantiation_problem(error: ValueError | MisconfigurationException) -> str:
 
 
 def refused_setting(error: BaseException) -> str | None:
-    """The paragraph for ``error`` when it is a job that cannot start, or Lightning refusing a setting once the job
-    runs; None for any other error, a bug in code, whose traceback is shown whole.
+    """The paragraph for ``error`` when it is a job that cannot start, a checkpoint the disk had no room for, or
+    Lightning refusing a setting once the job runs; None for any other error, a bug in code, whose traceback is
+    shown whole.
 
     Lightning refuses a setting with a MisconfigurationException, or with a ValueError where it can check the value
     only against the data (``val_check_interval`` beyond the batches of an epoch): a ValueError raised in Lightning's
     own code that names a Trainer argument is such a refusal.
     """
-    if isinstance(error, StartupError | MisconfigurationException):
+    if isinstance(error, StartupError | MisconfigurationException | CheckpointSpaceError):
         return str(error)
     if not isinstance(error, ValueError):
         return None

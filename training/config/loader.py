@@ -1,6 +1,11 @@
-"""How cli.py reads YAML: OmegaConf interpolation, ``gpus_or`` and ``run_id`` resolvers, errors naming the file,
-and which keys the files take from environment variables."""
+"""How cli.py reads YAML: OmegaConf interpolation, ``gpus_or``, ``run_id`` and ``file_name`` resolvers, errors naming
+the file, and which keys the files take from environment variables.
 
+jsonargparse's ``omegaconf+`` mode resolves the interpolations over the whole config once every file and flag is
+merged: ``${monitor}`` in configs/ddp.yaml is what ``--monitor`` or a later file sets. Each file is also resolved on
+its own as it is read, so an error of a resolver or an environment variable names its file."""
+
+import contextlib
 import os
 import re
 from collections.abc import Callable
@@ -8,9 +13,9 @@ from typing import Any
 
 import torch
 import yaml
-from jsonargparse import set_loader
+from jsonargparse import set_loader, set_parsing_settings
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationKeyError, OmegaConfBaseException
 
 from training.private_api import omegaconf_loader
 
@@ -39,6 +44,31 @@ def run_id(default: str) -> str:
     return value
 
 
+def file_name(metric: str) -> str:
+    """``metric`` as part of a file name: ``val/loss`` -> ``val_loss`` (a ``/`` would make a directory)."""
+    return metric.replace("/", "_")
+
+
+def resolve_in_file(value: Any, node: Any) -> None:
+    """Resolve each interpolation of ``value`` (a config file's YAML) within the file (``node``, the file as OmegaConf
+    reads it), so a resolver's or an environment variable's error names the file; one that names a key the file
+    lacks is for the whole config to resolve."""
+    for key in value.keys() if isinstance(value, dict) else range(len(value)):
+        if isinstance(value[key], dict | list):
+            resolve_in_file(value[key], node[key])
+        elif isinstance(value[key], str) and "${" in value[key]:
+            with contextlib.suppress(InterpolationKeyError):  # a key of the whole config
+                node[key]
+
+
+def load_checking_the_file(value: str) -> Any:
+    """``value`` as jsonargparse's ``omegaconf+`` loader reads it, once its interpolations resolve within the file."""
+    loaded = omegaconf_loader()(value)
+    if isinstance(loaded, dict | list):
+        resolve_in_file(loaded, OmegaConf.create(loaded))
+    return loaded
+
+
 def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
     """Wrap a config loader so YAML and interpolation errors say which file they come from."""
 
@@ -53,8 +83,7 @@ def naming_the_file(load: Callable[[str], Any]) -> Callable[..., Any]:
             if rejected is not None:  # a resolver rejecting a value: its own message says what and how to fix it
                 raise yaml.YAMLError(f"{source}: {rejected}") from error
             raise yaml.YAMLError(
-                f"{source}: {error}\nEach config file is resolved on its own, so ${{...}} can only refer to keys of "
-                "the same file, and ${oc.env:VAR} needs VAR set or a default, as in ${oc.env:VAR,default}."
+                f"{source}: {error}\n${{oc.env:VAR}} needs VAR set or a default, as in ${{oc.env:VAR,default}}."
             ) from error
         if path:
             note_environment_keys(yaml.safe_load(value), path)
@@ -95,9 +124,12 @@ def resolver_error(error: BaseException) -> ValueError | None:
 
 
 def use_omegaconf_loader() -> None:
-    """Make ``parser_mode="omegaconf"`` load with ``naming_the_file`` and know ``${gpus_or:N}`` and
-    ``${run_id:default}``."""
+    """Make ``parser_mode="omegaconf+"`` load each file with ``naming_the_file`` and know ``${gpus_or:N}``,
+    ``${run_id:default}`` and ``${file_name:metric}``."""
     ENVIRONMENT_KEYS.clear()
     OmegaConf.register_resolver("gpus_or", gpus_or, replace=True)
     OmegaConf.register_resolver("run_id", run_id, replace=True)
-    set_loader("omegaconf", naming_the_file(omegaconf_loader()), (yaml.YAMLError,))
+    OmegaConf.register_resolver("file_name", file_name, replace=True)
+    # ${monitor} names the subcommand's top-level key, as it reads in a file of the subcommand's config.
+    set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    set_loader("omegaconf+", naming_the_file(load_checking_the_file), (yaml.YAMLError,))

@@ -11,11 +11,15 @@ an upgrade changes the report.
 import difflib
 import importlib
 import inspect
+import os
 import re
+import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from lightning.pytorch.cli import LightningArgumentParser
+from omegaconf.errors import OmegaConfBaseException
 
 from training.config.loader import environment_source
 
@@ -37,6 +41,7 @@ SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedA
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
 MODULES_REQUIRED = re.compile(r"arguments are required: (\w+\.)?(model|data)\b")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
 LAYERING = {
@@ -72,6 +77,20 @@ def closest_class(module: str, name: str) -> str | None:
     return next(iter(difflib.get_close_matches(name, classes, n=1, cutoff=0.6)), None)
 
 
+def closest_file(path: str) -> str | None:
+    """The file beside the missing ``path`` whose name is closest to its name (``ddp.yaml`` for ``ddp.yml``), as
+    a path from the working directory where it is under it, or None."""
+    missing = Path(path)
+    if not missing.parent.is_dir():
+        return None
+    names = [entry.name for entry in missing.parent.iterdir() if entry.is_file()]
+    closest = difflib.get_close_matches(missing.name, names, n=1, cutoff=0.6)
+    if not closest:
+        return None
+    found = missing.parent / closest[0]
+    return os.path.relpath(found) if found.is_relative_to(Path.cwd()) else str(found)
+
+
 def class_summary(class_path: str) -> str | None:
     """The first line of the docstring of the class at ``class_path``, or None."""
     module, _, name = class_path.rpartition(".")
@@ -102,6 +121,9 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    for path in dict.fromkeys(MISSING_FILE.findall(message)):
+        if closest := closest_file(path):
+            hints[path] = f"Did you mean {closest}?"
     for line in lines:
         for candidate in (AMBIGUOUS.fullmatch(line) or [None, ""])[1].split(", "):
             if candidate.startswith("training.") and (summary := class_summary(candidate)):
@@ -126,6 +148,42 @@ class Parser(LightningArgumentParser):
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         super().error(concise(message), ex)
+
+    def dump(self, cfg: Any, *args: Any, **kwargs: Any) -> str:
+        # The model's arguments linked from the data too: cli.py writes in the values the model gets
+        # (training/config/links.py), where jsonargparse would leave them out.
+        kwargs.setdefault("skip_link_targets", False)
+        return super().dump(cfg, *args, **kwargs)
+
+    def parse_args(self, args: list[str] | None = None, *rest: Any, **kwargs: Any) -> Any:
+        try:
+            config = super().parse_args(args, *rest, **kwargs)
+        except OmegaConfBaseException as error:  # resolving ${...} over the whole config, once all files are merged
+            lines = str(error).splitlines()
+            key = next((line.split(":", 1)[1].strip() for line in lines if "full_key:" in line), "the config")
+            self.error(
+                f"{lines[0]}, in {key}. A ${{key}} names a key of the subcommand's config (${{monitor}}, "
+                "${trainer.max_epochs}); --print_config without it shows the keys there are."
+            )
+        # jsonargparse 4.53's omegaconf+ mode leaves the list of config files out of the config it resolves; the
+        # config checks name the file a setting comes from.
+        subcommand = config.get("subcommand")
+        if subcommand and config[subcommand].get("config") is None:
+            config[subcommand].config = given_files(sys.argv[1:] if args is None else args)
+        return config
+
+
+def given_files(args: list[str]) -> list[str]:
+    """The config files of ``-c FILE``, ``--config FILE`` and ``--config=FILE`` in ``args``, in order."""
+    files = []
+    for flag, value in zip(args, [*args[1:], ""], strict=True):
+        if flag.startswith("--config="):
+            value = flag.removeprefix("--config=")
+        elif flag not in ("-c", "--config"):
+            continue
+        if Path(value).is_file():  # not a config given inline as YAML
+            files.append(value)
+    return files
 
 
 def optimizer_problem(config: dict, key: str = "") -> str | None:

@@ -3,6 +3,7 @@ that each work alone but not together (naming where each was set), a ``trainer.d
 values it takes without a check and then fails on (or ignores)."""
 
 import importlib
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -21,12 +22,13 @@ GPU_IDS = re.compile(r"[0-9]+(,[0-9]*)*")  # as Lightning reads "0,1": a trailin
 def combination_problem(config: dict[str, Any]) -> str | None:
     """The paragraph explaining why the settings of ``config`` (a subcommand's, as a dict) cannot combine, or None."""
     trainer = config.get("trainer") or {}
+    if problem := gpu_only_problem(config):
+        return problem
     clips_by_norm = trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") in (None, "norm")
     if _is_fsdp(trainer.get("strategy")) and clips_by_norm:
-        files = [str(path) for path in config.get("config") or []]
         return (
-            f"{_origin('trainer.strategy', files)} shards the model with FSDP, and "
-            f"{_origin('trainer.gradient_clip_val', files)} clips gradients by their norm: Lightning 2.6 cannot "
+            f"{_origin('trainer.strategy', config)} shards the model with FSDP, and "
+            f"{_origin('trainer.gradient_clip_val', config)} clips gradients by their norm: Lightning 2.6 cannot "
             "clip by norm under FSDP (each process holds only a shard of the gradients) and would stop at the first "
             "optimizer step. Clip by value (--trainer.gradient_clip_algorithm=value), drop the clipping "
             "(--trainer.gradient_clip_val=null), or train with DDP (leave out the FSDP config)."
@@ -41,6 +43,50 @@ def combination_problem(config: dict[str, Any]) -> str | None:
             "save_last: true (a copy), or background: false on the AtomicCheckpointIO entry of trainer.plugins."
         )
     return None
+
+
+def runs_on_cpu(trainer: dict[str, Any]) -> bool:
+    """Whether Lightning will run the Trainer settings ``trainer`` (a dict) on CPU: asked for, or no GPU to pick."""
+    accelerator = trainer.get("accelerator", "auto")
+    gpu = CUDAAccelerator.is_available() or MPSAccelerator.is_available()
+    return accelerator == "cpu" or (accelerator == "auto" and not gpu)
+
+
+def gpu_only_problem(config: dict[str, Any]) -> str | None:
+    """The paragraph for a setting only a GPU runs, in ``config`` (a subcommand's, a dict) that runs on CPU: FSDP,
+    which Lightning refuses advising accelerator='cuda' even where there is none, and float16 mixed precision,
+    which Lightning replaces with bfloat16 on CPU with a one-line warning."""
+    trainer = config.get("trainer") or {}
+    where = "trainer.accelerator=cpu" if trainer.get("accelerator") == "cpu" else "this machine has no CUDA GPU"
+    cpu_only = trainer.get("accelerator") == "cpu" or not CUDAAccelerator.is_available()
+    if _is_fsdp(trainer.get("strategy")) and cpu_only:
+        return (
+            f"{_origin('trainer.strategy', config)} shards the model with FSDP, which runs on CUDA GPUs only, and "
+            f"{where}. On CPU, train with DDP, the strategy of configs/ddp.yaml (leave that setting out): it runs "
+            "trainer.devices processes with gloo."
+        )
+    if runs_on_cpu(trainer) and str(trainer.get("precision")) in ("16", "16-mixed"):
+        return (
+            f"{_origin('trainer.precision', config)} asks for float16 mixed precision, which Lightning runs on CUDA "
+            f"GPUs only, and {where}: Lightning would train in bfloat16 instead. For mixed precision on CPU, set "
+            "trainer.precision=bf16-mixed (configs/bf16.yaml instead of configs/fp16.yaml); for full float32, "
+            "leave trainer.precision out."
+        )
+    return None
+
+
+def cores_warning(config: dict[str, Any]) -> str | None:
+    """The line warning that ``config`` (a subcommand's, a dict) starts more CPU processes on a node than this
+    process may use cores, or None. They train, taking turns on the cores: slower than one process per core."""
+    trainer = config.get("trainer") or {}
+    devices, cores = str(trainer.get("devices", "auto")), len(os.sched_getaffinity(0))
+    if not runs_on_cpu(trainer) or not POSITIVE.fullmatch(devices) or int(devices) <= cores:
+        return None
+    return (
+        f"trainer.devices={devices} starts {devices} training processes on this node, which gives them {cores} CPU "
+        f"core{'s' if cores > 1 else ''}: they take turns on the cores, so each step is slower than with one process "
+        f"per core. Set trainer.devices to at most {cores} for a core each."
+    )
 
 
 def _init_args_with(entries: Any, key: str, value: Any) -> bool:
@@ -109,8 +155,7 @@ def devices_problem(config: dict[str, Any]) -> str | None:
     trainer = config.get("trainer") or {}
     devices, accelerator = trainer.get("devices", "auto"), trainer.get("accelerator", "auto")
     text = ",".join(map(str, devices)) if isinstance(devices, list) else "".join(str(devices).split())
-    gpu = CUDAAccelerator.is_available() or MPSAccelerator.is_available()
-    if accelerator == "cpu" or (accelerator == "auto" and not gpu):  # the accelerator Lightning picks
+    if runs_on_cpu(trainer):  # the accelerator Lightning picks
         if not isinstance(devices, list) and (text == "auto" or POSITIVE.fullmatch(text)):
             return None
         where = "trainer.accelerator=cpu" if accelerator == "cpu" else "this machine has no GPU"
@@ -141,12 +186,23 @@ def _is_fsdp(strategy: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, FSDPStrategy)
 
 
-def _origin(key: str, files: list[str]) -> str:
-    """The last config file that sets the dotted ``key`` (later files override earlier ones), else the command line."""
-    for file in reversed(files):
+def _origin(key: str, config: dict[str, Any]) -> str:
+    """Where the dotted ``key`` of ``config`` (a subcommand's, a dict) got its value: the last config file that sets it
+    (later files override earlier ones), unless the command line set another value over it."""
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    for file in reversed([str(path) for path in config.get("config") or []]):
         node: Any = yaml.safe_load(Path(file).read_text())
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
-            return f"{file} ({key})"
+            return (
+                f"{file} ({key})" if _class_or_value(node) == _class_or_value(value) else f"--{key} on the command line"
+            )
     return f"--{key} on the command line"
+
+
+def _class_or_value(setting: Any) -> str:
+    """A setting as two sources compare: a class's path (the parser fills in its init_args), else its text."""
+    return str(setting.get("class_path") if isinstance(setting, dict) else setting)

@@ -24,6 +24,7 @@ from torch.distributed import Store
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
+from training.job.node_processes import NodeProcesses, speaks_for_node
 from training.job.store import connect
 
 PREFIX = "liveness"
@@ -48,6 +49,9 @@ class Liveness:
         collective_timeout: the strategy's ``timeout``, named in the paragraphs.
         progress: returns this process's ``(epoch, step)``, or None before training.
         announce: whether this process prints the paragraph (one per node).
+        node: what this process knows of its node's other processes (training/job/node_processes.py): one killed is
+            named at once; the end of the one that started this process, once a collective fails or the store
+            falls silent (it may also have ended well, a moment before this one).
     """
 
     def __init__(
@@ -59,6 +63,7 @@ class Liveness:
         collective_timeout: timedelta,
         progress: Callable[[], tuple[int, int] | None],
         announce: bool,
+        node: NodeProcesses | None = None,
     ) -> None:
         self.store = store
         self.store_address = f"{store[0]}:{store[1]}"
@@ -69,6 +74,7 @@ class Liveness:
         self.progress = progress
         self.describe = {"command": why_stopped.launch_command(), "collective_timeout": collective_timeout}
         self.announce = announce
+        self.node = node
         self.state: dict[str, Any] = {"state": "running"}
         self.checkpoint: dict[str, Any] | None = None
         self.hearing = Hearing(world_size, self.period)
@@ -143,9 +149,11 @@ class Liveness:
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
         self._publish()
-        if self.announce:
+        if self.announce or (self.node is not None and speaks_for_node()):
             sys.stdout.flush()
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
+        if self.node is not None:
+            self.node.stop_started()
         os._exit(EXIT_STATUS)
 
     def verdict(self, silence: float, why: str, failed: bool = False) -> str | None:
@@ -154,13 +162,18 @@ class Liveness:
         means); else None."""
         now = time.monotonic()
         heard = dict(self.hearing.peers)
+        if self.node and (killed := self.node.ended(killed_only=True)):
+            return why_stopped.process_ended(killed, self._tail(None))
         for peer in heard.values():
             if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
                 return why_stopped.with_command(peer.beat["verdict"], self.describe["command"])
         for peer in heard.values() if failed else ():
             if peer.beat.get("state") == "failed":
                 return why_stopped.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
-        if now - self.hearing.store > silence:
+        store_silent = now - self.hearing.store > silence
+        if (failed or store_silent) and self.node and (starter := self.node.starter_ended()):
+            return why_stopped.process_ended(starter, self._tail(None))
+        if store_silent:
             zero = heard[0].beat if 0 in heard else {}
             if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
                 return None
@@ -206,6 +219,9 @@ class Liveness:
         keys = [f"{PREFIX}/{rank}" for rank in range(self.world_size)]
         present: list[str] = []
         while not self.stopped.is_set():
+            if self.node and self.node.starter_ended():  # on node 0 it held the store: no call that would fail
+                self.stopped.wait(self.period)
+                continue
             try:
                 if self.client is None:
                     self.client = self._reconnect()

@@ -96,6 +96,11 @@ def peer_failed(beat: dict[str, Any], error: str, tail: str) -> str:
     )
 
 
+def process_ended(what: str, tail: str) -> str:
+    """``what``: a process of this node that ended, and how (training/job/node_processes.py)."""
+    return f"the job stopped: {what}, and the rest of the job stopped with it. {tail}"
+
+
 def collective_timeout(error: BaseException, timeout: timedelta, tail: str) -> str:
     return (
         f"{collective_name(error)} waited longer than the collective timeout ({timeout}) and failed, while every "

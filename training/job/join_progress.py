@@ -51,7 +51,12 @@ def waiting(
         for node in nodes
     ]
     absent = [str(node) for node in range(num_nodes) if node not in nodes]
-    missing = f"; node rank{'s' if len(absent) > 1 else ''} {', '.join(absent)} not yet" if absent else ""
+    missing = (
+        f"; node rank{'s' if len(absent) > 1 else ''} {', '.join(absent)} not yet (the job has num_nodes={num_nodes}: "
+        "for fewer nodes, set trainer.num_nodes or NUM_NODES)"
+        if absent
+        else ""
+    )
     return (
         f"Waiting at {address} for the job's processes: {len(arrived)} of {num_nodes * devices} joined "
         f"({', '.join(joined)}){missing}; {waited_of(waited, timeout)}."

@@ -5,8 +5,10 @@ process group starts. Rank 0 checks that everybody arrived and that all agree, a
 job with one paragraph naming who is missing or what differs, instead of a hang or a bare store timeout.
 """
 
+import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -32,6 +34,10 @@ FIXES = {
 
 class StartupError(RuntimeError):
     """A distributed job that cannot start, explained in one paragraph."""
+
+
+class Stopped(StartupError):
+    """A job told to stop (SIGTERM) before training started."""
 
 
 @dataclass
@@ -69,6 +75,7 @@ def handshake(
     leader: bool,
     fail_fast: bool = True,
     advice: str = "",
+    abandoned: Callable[[], str] = str,
 ) -> Roster:
     """Report ``me`` and return the roster of the whole job, or raise StartupError.
 
@@ -76,26 +83,35 @@ def handshake(
     raises. With ``fail_fast`` the first process that disagrees raises at once; otherwise the leader waits
     for all and the roster names every difference. The other processes receive the leader's verdict, so
     every node stops with the same words. ``advice`` ends the leader's paragraph on missing processes.
+    ``abandoned`` says why this process stops waiting ("" while it waits on): a process of its node ended, or the
+    job was told to stop; the leader then stops the whole job with those words at once.
     """
     index = store.add(f"{PREFIX}/count", 1) - 1
     store.set(f"{PREFIX}/member/{index}", json.dumps(asdict(me)))
     if leader:
         try:
-            roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast, advice)
+            roster = _gather(store, me, num_nodes, devices, timeout, address, fail_fast, advice, abandoned)
         except StartupError as error:
             store.set(f"{PREFIX}/verdict", json.dumps({"error": str(error)}))
-            _await_readers(store)
+            if not isinstance(error, Stopped):  # a stopped node stops now: its launcher would kill it soon after
+                _await_readers(store)
             raise
         store.set(f"{PREFIX}/verdict", json.dumps(asdict(roster)))
         if roster.problems:
             _await_readers(store)
         return roster
     try:
-        _await_verdict(store, me, num_nodes * devices, timeout, address)
+        _await_verdict(store, me, num_nodes * devices, timeout, address, abandoned)
+    except StartupError as error:
+        with contextlib.suppress(RuntimeError):  # the leader stops the job with this process's words
+            store.set(f"{PREFIX}/abandoned", str(error))
+            store.add(f"{PREFIX}/read", 1)  # it knows the verdict: the leader waits for none from it
+        raise
     except RuntimeError as error:  # torch's DistStoreError and DistNetworkError derive from it
         raise StartupError(
             f"{me.where}: no word from global rank 0 within {timeout + VERDICT_GRACE} after joining at {address}. "
-            "Node 0 stopped or lost the connection: its log says why."
+            "Node 0 stopped or lost the connection: its log says why. Once it runs again, the same command on every "
+            "node starts the job."
         ) from error
     verdict = json.loads(store.get(f"{PREFIX}/verdict"))
     store.add(f"{PREFIX}/read", 1)
@@ -104,7 +120,19 @@ def handshake(
     return Roster([Member(**member) for member in verdict["members"]], verdict["problems"])
 
 
-def _await_verdict(store: Store, me: Member, expected: int, timeout: timedelta, address: str) -> None:
+def refuse(store: Store, error: str, expected: int, timeout: timedelta) -> None:
+    """Global rank 0's verdict before the others report: each process that reports gets ``error`` from
+    ``handshake`` as a StartupError, at once, and stops with it. Returns once ``expected`` processes have read it,
+    or after ``timeout``; the store (this process's) must stay up until then."""
+    store.set(f"{PREFIX}/verdict", json.dumps({"error": error}))
+    deadline = time.monotonic() + timeout.total_seconds()
+    while store.add(f"{PREFIX}/read", 0) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _await_verdict(
+    store: Store, me: Member, expected: int, timeout: timedelta, address: str, abandoned: Callable[[], str]
+) -> None:
     """Wait for global rank 0's verdict; the first process of a node says how many have joined meanwhile."""
     report = WaitReport() if me.local_rank == 0 else None
     started = time.monotonic()
@@ -113,6 +141,8 @@ def _await_verdict(store: Store, me: Member, expected: int, timeout: timedelta, 
             waited = time.monotonic() - started
             if waited > (timeout + VERDICT_GRACE).total_seconds():
                 raise RuntimeError("no verdict")
+            if why := abandoned():
+                raise StartupError(why)
             if report and report.due <= waited:
                 joined = store.add(f"{PREFIX}/count", 0)
                 report.show(
@@ -150,6 +180,7 @@ def _gather(
     address: str,
     fail_fast: bool,
     advice: str,
+    abandoned: Callable[[], str],
 ) -> Roster:
     expected = {(node, local) for node in range(num_nodes) for local in range(devices)}
     arrived: dict[tuple[int, int], Member] = {}
@@ -173,6 +204,8 @@ def _gather(
             if expected <= arrived.keys():
                 members = sorted(everyone, key=lambda m: (m.node_rank, m.local_rank, m.pid))
                 return Roster(members, problems)
+            if why := abandoned() or (store.check([f"{PREFIX}/abandoned"]) and store.get(f"{PREFIX}/abandoned")):
+                raise StartupError(why if isinstance(why, str) else why.decode())
             waited = time.monotonic() - started
             if waited > timeout.total_seconds():
                 raise StartupError(_missing(arrived, num_nodes, devices, timeout, address, problems) + advice)
@@ -239,12 +272,24 @@ def _missing(
                 "(a process there stopped before joining)"
             )
     parts.extend(problems)
+    nodes_setting = ""
+    if absent_nodes:
+        nodes_setting = (
+            f" The job has num_nodes={num_nodes} (trainer.num_nodes in the config or on the command line, or NUM_NODES"
+            f" in the environment): if it is meant to run on {_machines(num_nodes - len(absent_nodes))} only, set "
+            f"num_nodes to {num_nodes - len(absent_nodes)}; otherwise start node rank {_listed(absent_nodes)} with "
+            "the same command."
+        )
     return (
         "; ".join(parts)
-        + f". Check that every node was started with MASTER_ADDR and MASTER_PORT pointing at {address}, that the "
-        "master's firewall lets the other nodes reach that port, and the log of each missing node "
-        "(logs/nodes/node<RANK>.log on that machine)."
+        + f".{nodes_setting} Check that every node was started with MASTER_ADDR and MASTER_PORT pointing at "
+        f"{address}, that the master's firewall lets the other nodes reach that port, and the log of each missing "
+        "node (logs/nodes/node<RANK>.log on that machine); then run the same command on every node again."
     )
+
+
+def _machines(count: int) -> str:
+    return "this machine" if count == 1 else f"{count} machines"
 
 
 def _listed(numbers: list[int]) -> str:

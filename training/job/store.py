@@ -2,19 +2,28 @@
 share: global rank 0 serves it (under torchrun the agent does), every other process is a client."""
 
 import os
+import socket
+import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
+from training.job.join_progress import WaitReport, waited_of
 from training.job.startup import StartupError
 
 
-def connect(host: str, port: int, leader: bool, timeout: timedelta, node: str) -> Store:
+def connect(
+    host: str, port: int, leader: bool, timeout: timedelta, node: str, abandoned: Callable[[], str] = str
+) -> Store:
     """The store, served by this process when it is the ``leader`` (global rank 0) outside torchrun; a port that is
-    taken or a master that cannot be reached within ``timeout`` is a StartupError naming ``node`` and the fix."""
+    taken or a master that cannot be reached within ``timeout`` is a StartupError naming ``node`` and the fix.
+    ``abandoned`` says why this process stops waiting for the master before then ("" while it waits on)."""
     address = f"{host}:{port}"
     prefix = attempt_prefix()
     serve = leader and prefix is None
+    if not serve:
+        _await_master(host, port, timeout, node, abandoned)
     try:
         store = TCPStore(host, port, is_master=serve, timeout=timeout, wait_for_workers=False)
     except RuntimeError as error:
@@ -23,12 +32,46 @@ def connect(host: str, port: int, leader: bool, timeout: timedelta, node: str) -
                 f"global rank 0 cannot listen on {address}: {error}. Another job (or an earlier run still "
                 "shutting down) holds the port: stop it, or choose another MASTER_PORT on every node."
             ) from error
-        raise StartupError(
-            f"{node} cannot reach the master at {address} within {timeout}: {error}. "
-            "Check that node 0 is running, that every node uses the same MASTER_ADDR and MASTER_PORT, and that "
-            "the master's firewall lets this node reach that port."
-        ) from error
+        raise StartupError(_unreachable(node, address, timeout, f": {error}")) from error
     return PrefixStore(prefix, store) if prefix else store
+
+
+def _await_master(host: str, port: int, timeout: timedelta, node: str, abandoned: Callable[[], str]) -> None:
+    """Knock on the master's port until it answers: TCPStore's own wait cannot be interrupted (a stop signal, the
+    end of the process that started this one) and prints a C++ trace for each of its retries."""
+    report = WaitReport() if os.environ.get("LOCAL_RANK", "0") == "0" else None
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                with socket.create_connection((host, port), timeout=1):
+                    return
+            except socket.gaierror as error:
+                raise StartupError(
+                    f"{node} cannot resolve the master's address {host} ({error.strerror}): set MASTER_ADDR to the "
+                    "master's host name or IP address, the same on every node."
+                ) from None
+            except OSError:
+                pass
+            if why := abandoned():
+                raise StartupError(why)
+            waited = time.monotonic() - started
+            if waited > timeout.total_seconds():
+                raise StartupError(_unreachable(node, f"{host}:{port}", timeout, ""))
+            if report and report.due <= waited:
+                report.show(waited, f"{node} waits for the master at {host}:{port}: {waited_of(waited, timeout)}.")
+            time.sleep(0.1)
+    finally:
+        if report:
+            report.close()
+
+
+def _unreachable(node: str, address: str, timeout: timedelta, error: str) -> str:
+    return (
+        f"{node} cannot reach the master at {address} within {timeout}{error}. Check that node 0 is running, that "
+        "every node uses the same MASTER_ADDR and MASTER_PORT, and that the master's firewall lets this node reach "
+        "that port; then run the same command on every node again."
+    )
 
 
 def attempt_prefix() -> str | None:

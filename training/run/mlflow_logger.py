@@ -134,7 +134,7 @@ class MLFlowLogger(LightningMLFlowLogger):
         super().after_save_checkpoint(checkpoint_callback)
         for tag, path in (
             ("checkpoint", checkpoint_callback.last_model_path),
-            ("best_checkpoint", checkpoint_callback.best_model_path),
+            ("best_checkpoint", checkpoint_callback.best_model_path if checkpoint_callback.monitor else ""),
         ):
             if path:
                 self.experiment.set_tag(self.run_id, tag, shown(path))

@@ -1,0 +1,96 @@
+"""What a checkpoint file on the local disk holds: its two counters, or what keeps it from being a checkpoint, said
+in plain words with the file's size (torch's own errors speak of mmap, miniz and zipfile serialization)."""
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from training.run.storage import shown
+
+ZIP_START = b"PK\x03\x04"  # torch.save writes a zip archive: its first four bytes
+
+
+def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
+    """(epochs begun, optimizer steps done) of the checkpoint file ``path``; ValueError when it is no checkpoint."""
+    if problem := damage(path):
+        raise ValueError(problem)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+        # The epoch a checkpoint saved at the end of training holds is the next one, never begun (a run without
+        # validation saves its last.ckpt there): the loop's count of epochs started is right wherever it was saved.
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+        return progress.get("started", checkpoint["epoch"] + 1), checkpoint["global_step"]
+    except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"{described(path)} cannot be read as a Lightning checkpoint ({reason}). {advice(path)}"
+        ) from None
+
+
+def damage(path: str | Path) -> str | None:
+    """The paragraph for a file that cannot be a whole torch checkpoint (empty, cut short, no zip archive), or None."""
+    with open(path, "rb") as file:
+        start = file.read(len(ZIP_START))
+    if not start:
+        what = "is empty: a save or a copy that wrote nothing (a full disk, or a copy that never started)"
+    elif start != ZIP_START:
+        kind = "a text file" if is_text(path) else "some other file"
+        what = f"is not a checkpoint: a torch checkpoint is a zip archive, and this is {kind}"
+    elif not zipfile.is_zipfile(path):
+        what = (
+            "is not a complete checkpoint: a torch checkpoint is a zip archive, and this one is cut short (a copy "
+            "interrupted, or a disk that filled up while another tool wrote it)"
+        )
+    else:
+        return None
+    return f"{described(path)} {what}. {advice(path)}"
+
+
+def described(path: str | Path) -> str:
+    return f"{shown(path)} ({size_text(os.path.getsize(path))})"
+
+
+def advice(path: str | Path) -> str:
+    """How to go on without the file ``path``, which stays where it is."""
+    others = [other for other in Path(path).parent.glob("*.ckpt") if other.name != Path(path).name and whole(other)]
+    newest = f", such as {shown(max(others, key=os.path.getmtime))}, the newest beside it" if others else ""
+    fresh = " or move it away to start the run over: cli.py fit then begins at its first step" if is_last(path) else ""
+    return f"Nothing was changed. Give another checkpoint with --ckpt_path{newest};{fresh}".rstrip(";") + "."
+
+
+def is_last(path: str | Path) -> bool:
+    """Whether ``path`` is a run's last.ckpt (or last-N.ckpt), which ``ckpt_path: last`` finds by itself."""
+    return Path(path).name.startswith("last")
+
+
+def whole(path: Path) -> bool:
+    """Whether ``path`` looks like a complete checkpoint: a zip archive with its directory at the end."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(ZIP_START)) == ZIP_START and zipfile.is_zipfile(file)
+    except OSError:
+        return False
+
+
+def is_text(path: str | Path) -> bool:
+    with open(path, "rb") as file:
+        start = file.read(4096)
+    try:
+        start.decode()
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in start
+
+
+def size_text(size: float) -> str:
+    """``size`` bytes as a person reads it: 0 bytes, 312 KB, 1.5 GB."""
+    if size < 1024:
+        return f"{size:.0f} bytes"
+    for unit in ("KB", "MB", "GB", "TB"):
+        size /= 1024
+        if size < 1024 or unit == "TB":
+            break
+    return f"{size:.0f} {unit}" if size >= 10 else f"{size:.1f} {unit}"

@@ -1,0 +1,134 @@
+"""The processes of one node that Lightning starts, and what each knows when another of them ends.
+
+The command's own process (local rank 0) starts the node's others and is their parent: it sees at once when one of
+them ends, and how; they see at once when it ends. A peer on another node only falls silent
+(training/heartbeat/liveness.py).
+
+Lightning's launcher has a watch of its own over the processes it started: up to 5 s after one ended with an error,
+it SIGKILLs every process of the node, the one that started them included, before any can say what happened.
+``watch`` replaces it (training/private_api.py) and only records who ended; training/strategy.py then stops the job
+with one paragraph that names the process.
+"""
+
+import os
+import signal
+import subprocess
+import threading
+
+# The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
+STARTED_BY = "DDP_STARTED_BY"
+POLL_SECONDS = 0.2
+STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Watch(threading.Thread):
+    """Records the first of ``processes`` (local ranks 1, 2, ...) that ends with an error or a signal."""
+
+    def __init__(self, processes: list[subprocess.Popen]) -> None:
+        super().__init__(name="node-processes-watch", daemon=True)
+        self.processes = processes
+        self.ended: tuple[int, subprocess.Popen] | None = None
+
+    def run(self) -> None:
+        while self.ended is None:
+            running = False
+            for local_rank, process in enumerate(list(self.processes), start=1):
+                status = process.poll()
+                running = running or status is None
+                if status:
+                    self.ended = (local_rank, process)
+                    return
+            if not running:  # all ended well
+                return
+            threading.Event().wait(POLL_SECONDS)
+
+
+WATCHES: list[Watch] = []
+
+
+def watch(processes: list[subprocess.Popen]) -> None:
+    """What Lightning's launcher calls with the processes it started on this node (training/private_api.py)."""
+    started = Watch(processes)
+    started.start()
+    WATCHES.append(started)
+
+
+def mark_as_starter() -> None:
+    """In a process given no LOCAL_RANK, which starts the node's other processes: they inherit its pid."""
+    os.environ[STARTED_BY] = str(os.getpid())
+
+
+def starter() -> int | None:
+    """The pid of the process that started this one, for a process Lightning started; else None."""
+    pid = int(os.environ.get(STARTED_BY) or 0)
+    return pid if pid not in (0, os.getpid()) else None
+
+
+def starter_gone() -> bool:
+    """Whether the process that started this one has ended (this one was handed to another parent)."""
+    pid = starter()
+    return pid is not None and os.getppid() != pid
+
+
+def speaks_for_node() -> bool:
+    """Whether this process prints its node's paragraph: local rank 0, or local rank 1 once local rank 0 has ended
+    (nobody else would say why the node stopped)."""
+    local_rank = os.environ.get("LOCAL_RANK", "0")
+    return local_rank == "0" or (local_rank == "1" and starter_gone())
+
+
+def how_it_ended(status: int) -> str:
+    if status >= 0:
+        return f"ended with exit status {status} (its output above says why)"
+    name = signal.Signals(-status).name
+    if name == "SIGKILL":
+        return "was killed by SIGKILL (by someone, or by the system when memory ran out: dmesg says which)"
+    return f"was killed by {name}"
+
+
+class NodeProcesses:
+    """What this process knows of the node's other processes: ``where`` names the node (``node 0 (host)``) and
+    ``first_rank`` is the global rank of its local rank 0."""
+
+    def __init__(self, where: str, first_rank: int) -> None:
+        self.where = where
+        self.first_rank = first_rank
+
+    def ended(self, killed_only: bool = False) -> str:
+        """Which process this one started has ended, and how; "" if none. With ``killed_only``, only one killed by a
+        signal other than a stop request (SIGINT, SIGTERM: this process has it too): one that exited said why itself."""
+        for started in WATCHES:
+            if started.ended is not None:
+                local_rank, process = started.ended
+                if not killed_only or (process.returncode < 0 and -process.returncode not in STOP_REQUESTS):
+                    rank = self.first_rank + local_rank
+                    return (
+                        f"rank {rank} (local rank {local_rank}, pid {process.pid}) of {self.where} "
+                        f"{how_it_ended(process.returncode)}"
+                    )
+        return ""
+
+    def starter_ended(self) -> str:
+        """The process that started this one, if it has ended; "" if not."""
+        if not starter_gone():
+            return ""
+        return (
+            f"rank {self.first_rank} (local rank 0, pid {starter()}) of {self.where}, which started this process, "
+            "ended (its output above says why, or it was killed)"
+        )
+
+    def abandoned(self) -> str:
+        """Why a process of a starting job stops waiting for the others: a process of its node ended."""
+        if ended := self.ended() or self.starter_ended():
+            return (
+                f"the job cannot start: {ended} before every process joined. Nothing was trained: run the same "
+                "command again (on every node) to start the job."
+            )
+        return ""
+
+    def stop_started(self) -> None:
+        """End the processes this one started, as it ends the job: they would only stop later, with no more to say."""
+        for started in WATCHES:
+            for process in started.processes:
+                if process.poll() is None:
+                    process.kill()
