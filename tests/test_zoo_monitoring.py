@@ -172,7 +172,7 @@ def test_a_saturated_metric_keeps_the_best_checkpoint_at_its_first_epoch_and_las
 
 
 @pytest.mark.distributed
-def test_a_saturated_run_run_again_trains_nothing_and_validates_and_predicts_with_its_last_weights(saturating):
+def test_a_saturated_run_again_trains_nothing_and_validates_and_predicts_with_its_last_weights(saturating):
     assert "Nothing to train: the run in logs/saturating_classifier/saturating already" in succeeded(
         saturating["again"]
     )
