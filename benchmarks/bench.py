@@ -14,6 +14,7 @@ GPU has finished it (benchmarks/timing.py). The data path is measured on the CPU
    processes on gloo (or NCCL); and how far their weights end apart after the same steps. A third side,
    benchmarks/lightning_only.py (a plain Trainer), splits the difference into what Lightning's loop costs
    and what the template adds to it.
+   On every row, the template without training.StepTime gives what measuring where the step time goes costs.
 2. The data path alone: a per-sample collate against the template's whole-batch indexing.
 3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar, as a
    fourth side of the toy model's comparison with the most processes (2, or 1 on one GPU).
@@ -56,6 +57,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+import yaml
 
 from benchmarks.workloads import ACCELERATORS, REPO, WORKLOADS, device_problem
 
@@ -146,6 +148,21 @@ def quiet_run(
     return template_run(workload, processes, steps, quick, accelerator, work, name, *no_logging, bound=bound)
 
 
+def untimed_run(
+    workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *, bound: float
+) -> Path:
+    """The template without training.StepTime: a config file after the workload's gives their callbacks but that
+    one (in a file, where the entries' ${...} resolve as in the workload's own)."""
+    callbacks: list[dict] = []
+    for config in WORKLOADS[workload].configs:
+        trainer = yaml.safe_load((REPO / config).read_text()).get("trainer", {})
+        callbacks = trainer.get("callbacks", callbacks) + trainer.get("callbacks+", [])
+    kept = [callback for callback in callbacks if callback["class_path"] != "training.StepTime"]
+    untimed = work / f"untimed-{workload}.yaml"
+    untimed.write_text(yaml.safe_dump({"trainer": {"callbacks": kept}}, sort_keys=False))
+    return template_run(workload, processes, steps, quick, accelerator, work, name, "-c", str(untimed), bound=bound)
+
+
 def module_command(
     module: str, workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, record: Path
 ) -> list[str]:
@@ -218,7 +235,8 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
         steps = args.warmup + args.steps[workload] + 1
         for processes in args.processes[workload]:
             logged = (workload, processes) == logged_row
-            row_sides = {**sides, "quiet": quiet_run} if logged else sides
+            # Every row measures what the step-time measurement costs: the template without training.StepTime.
+            row_sides = {**sides, "untimed": untimed_run, **({"quiet": quiet_run} if logged else {})}
             medians: dict[str, list[float]] = {side: [] for side in row_sides}
             difference = 0.0
             for round_ in range(args.rounds):
@@ -248,6 +266,8 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
                     "lightning_over_raw": paired(medians["lightning"], medians["raw"]),
                     "template_over_lightning": paired(medians["template"], medians["lightning"]),
                     "max_weight_difference": difference,
+                    "untimed_step_ms": 1e3 * statistics.median(medians["untimed"]),
+                    "step_time_cost": {k: v - 1 for k, v in paired(medians["template"], medians["untimed"]).items()},
                 }
             )
             if logged:
@@ -352,6 +372,12 @@ def table(results: dict) -> str:
         "",
         f"data path, us/batch of 128: per-sample collate {results['data_path']['per_sample_us']:.0f}, "
         f"whole-batch index {results['data_path']['whole_batch_us']:.0f} ({results['data_path']['speedup']:.1f}x)",
+        "step-time measurement (training.StepTime), cost per row: "
+        + ", ".join(
+            f"{r['workload']} {r['processes']}p {100 * r['step_time_cost']['median']:+.1f}% "
+            f"({100 * r['step_time_cost']['low']:+.1f}% to {100 * r['step_time_cost']['high']:+.1f}%)"
+            for r in results["steps"]
+        ),
         f"logging (toy, {logged}): default {logging['default_step_ms']:.2f} ms/step, no logger and no progress "
         f"bar {logging['quiet_step_ms']:.2f} ms/step, cost {100 * logging['cost']['median']:+.1f}% "
         f"(rounds {100 * logging['cost']['low']:+.1f}% to {100 * logging['cost']['high']:+.1f}%)",
@@ -458,6 +484,7 @@ def main() -> None:
             "startup": startup,
         }
     results["worst_ratio"] = max(row["ratio"]["median"] for row in results["steps"])
+    results["worst_step_time_cost"] = max(row["step_time_cost"]["median"] for row in results["steps"])
     results["worst_lightning_ratio"] = max(row["template_over_lightning"]["median"] for row in results["steps"])
     (out / "bench.json").write_text(json.dumps(results, indent=2))
     print(table(results))

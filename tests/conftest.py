@@ -46,6 +46,7 @@ LONGEST_FIRST = (
     "test_streaming_ddp.py",
     "test_k8s.py",
     "test_startup.py",
+    "test_step_time.py",
 )
 
 

@@ -78,6 +78,32 @@ def test_logging_data_path_and_startup_figures_are_present(bench):
 
 
 @pytest.mark.distributed
+def test_every_row_measures_what_the_step_time_measurement_costs(bench):
+    results, stdout, _ = bench
+    for row in results["steps"]:
+        # One round in quick mode: the median of the per-round costs is that round's.
+        cost = row["template_step_ms"] / row["untimed_step_ms"] - 1
+        assert row["step_time_cost"] == pytest.approx({"median": cost, "low": cost, "high": cost})
+    assert results["worst_step_time_cost"] == max(row["step_time_cost"]["median"] for row in results["steps"])
+    assert "step-time measurement (training.StepTime), cost per row: toy 2p " in stdout
+
+
+def test_the_side_without_the_step_time_measurement_keeps_every_other_callback(tmp_path, monkeypatch):
+    import yaml
+
+    from benchmarks import bench
+
+    given = []
+    monkeypatch.setattr(bench, "template_run", lambda *args, bound: given.append(args[-2:]) or tmp_path)
+    bench.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
+    flag, config = given[0]
+    names = [callback["class_path"] for callback in yaml.safe_load(Path(config).read_text())["trainer"]["callbacks"]]
+    assert flag == "-c" and "training.StepTime" not in names
+    # configs/ddp.yaml's and those configs/seq2seq.yaml appends
+    assert names[0] == "lightning.pytorch.callbacks.ModelCheckpoint" and "training.StayStopped" in names
+
+
+@pytest.mark.distributed
 def test_prints_a_table_draws_a_chart_and_ends_with_the_headlines(bench):
     results, stdout, out = bench
     assert (results["accelerator"], results["torch"]) == ("cpu", torch.__version__) and results["device"]
@@ -175,6 +201,8 @@ FIGURES = {
             "lightning_over_raw": {"median": 1.25, "low": 1.25, "high": 1.25},
             "template_over_lightning": {"median": 1.2, "low": 1.2, "high": 1.2},
             "max_weight_difference": 0.0,
+            "untimed_step_ms": 2.97,
+            "step_time_cost": dict.fromkeys(("median", "low", "high"), 0.01),
         }
     ],
     "logging": {

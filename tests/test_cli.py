@@ -77,10 +77,12 @@ def test_any_module_plugs_in_by_class_path(run_cli):
 
 
 def scalars(directory) -> dict[str, list[int]]:
-    """The steps of each scalar but the epoch in the TensorBoard files of ``directory`` (not of its subdirectories)."""
+    """The steps of each scalar but the epoch and the step times (tests/test_step_time.py) in the TensorBoard files of
+    ``directory`` (not of its subdirectories)."""
     events = EventAccumulator(str(directory))
     events.Reload()
-    return {tag: [event.step for event in events.Scalars(tag)] for tag in events.Tags()["scalars"] if tag != "epoch"}
+    tags = [tag for tag in events.Tags()["scalars"] if tag != "epoch" and not tag.startswith("timing/")]
+    return {tag: [event.step for event in events.Scalars(tag)] for tag in tags}
 
 
 def test_subcommands_run_from_a_saved_checkpoint_and_log_apart_from_the_training_curves(run_cli, tmp_path):

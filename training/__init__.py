@@ -14,6 +14,7 @@ from training.run.csv_logger import CSVLogger
 from training.run.lock import RunLock
 from training.run.mlflow_logger import MLFlowLogger
 from training.run.profiler import ScheduledProfiler
+from training.step_time.callback import StepTime
 from training.strategy import DDPStrategy
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ScheduledProfiler",
     "Seq2SeqPredictionWriter",
     "StayStopped",
+    "StepTime",
     "StartupError",
     "UnusedParameterCheck",
 ]

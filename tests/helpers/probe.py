@@ -296,3 +296,56 @@ class SavesAfterTrainingEnds(AtomicCheckpointIO):
 class ReleaseSaves(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         WRITES_RELEASED.set()
+
+
+class SlowLoader(Callback):
+    """Slows the training data loader of the nodes in ``nodes`` by ``seconds`` per batch, as a loader short of
+    workers or CPU cores would be: the dataset sleeps before each batch it hands to the loader."""
+
+    def __init__(self, seconds: float, nodes: list[int]) -> None:
+        self.seconds = seconds
+        self.nodes = nodes
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        dataset = trainer.train_dataloader.dataset
+        if trainer.node_rank not in self.nodes or "__getitems__" in vars(dataset):
+            return
+        fetch = dataset.__getitems__  # the loader's fetcher looks it up on the dataset object
+
+        def slowed(indices: list[int]):
+            time.sleep(self.seconds)
+            return fetch(indices)
+
+        dataset.__getitems__ = slowed
+
+
+class CudaSyncCount(Callback):
+    """Counts the calls of ``torch.cuda.synchronize`` in training steps (from this callback's
+    ``on_train_batch_start`` to its ``on_train_batch_end``, which runs after those of the config's callbacks) and
+    writes them to ``out`` (JSON) at the end, with the clocks training.StepTime timed the steps with."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.calls = 0
+        self.in_step = False
+        self.synchronize = torch.cuda.synchronize
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        def counted(*args, **kwargs):
+            self.calls += self.in_step
+            return self.synchronize(*args, **kwargs)
+
+        torch.cuda.synchronize = counted
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.in_step = True
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self.in_step = False
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        torch.cuda.synchronize = self.synchronize
+        from training import StepTime
+
+        clocks = [type(c.clock).__name__ for c in trainer.callbacks if isinstance(c, StepTime)]
+        self.out.write_text(json.dumps({"synchronize_calls": self.calls, "clocks": clocks}))
