@@ -30,7 +30,7 @@ from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
-from training.job.node_processes import speaks_for_node
+from training.job.node_processes import let_started_end, speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -134,6 +134,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             raise
         if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
+        let_started_end()  # they meet it too, and stay silent while this process lives
         sys.exit(1)
 
 

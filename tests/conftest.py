@@ -40,6 +40,8 @@ LONGEST_FIRST = (
     "test_doctor.py",
     "test_lost_node.py",
     "test_fault_tolerance.py",
+    "test_zoo_optimization.py",
+    "test_zoo_monitoring.py",
     "test_bench.py",
     "test_streaming_ddp.py",
     "test_k8s.py",

@@ -5,10 +5,12 @@ import importlib
 import importlib.util
 
 import pytest
+import torch
 import torch.distributed as dist
 import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from training.checkpoints.contents import counters
 from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
 
@@ -167,3 +169,14 @@ def test_the_code_digest_covers_the_user_modules_a_run_imported(tmp_path, monkey
     finally:
         for name in ("user_package.model", "user_package"):
             monkeypatch.delitem(importlib.sys.modules, name)
+
+
+def test_a_checkpoint_saved_as_training_ended_counts_the_epochs_it_trained(tmp_path):
+    # ModelCheckpoint saves last.ckpt in on_train_end for a module that validates nothing: its epoch is the next one,
+    # which never began. Lightning's loop counts the epochs begun; epoch + 1 holds only for a save within an epoch.
+    progress = {"current": {"ready": 2, "started": 2, "processed": 2, "completed": 2}}
+    ended = {"epoch": 2, "global_step": 8, "loops": {"fit_loop": {"epoch_progress": progress}}}
+    torch.save(ended, tmp_path / "last.ckpt")
+    assert counters(tmp_path / "last.ckpt") == (2, 8)
+    torch.save({"epoch": 1, "global_step": 8}, tmp_path / "old.ckpt")  # no loop state: a save at an epoch's end
+    assert counters(tmp_path / "old.ckpt") == (2, 8)

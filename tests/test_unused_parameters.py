@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.nn.parallel import DistributedDataParallel
 
 from models import AuxHeadModel
@@ -25,18 +26,27 @@ QUICK_RUN = [
 def test_default_ddp_config_stops_at_the_first_step_and_names_the_parameters(tmp_path):
     result = run_script([str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "-c", AUX_HEAD_YAML, *QUICK_RUN], cwd=tmp_path)
     output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    assert result.returncode == 1, output
 
-    messages = re.findall(r"RuntimeError: (.*got no gradient in the first training step.*)", output)
-    assert len(messages) == 2, output  # one per rank
-    named = re.search(r"first training step: (.*?)\. DDP", messages[0]).group(1).split(", ")
+    named = stopped_with(output)
     assert named == [f"aux_head.{name}" for name, _ in AuxHeadModel().aux_head.named_parameters()]
-    assert "-c configs/find_unused.yaml" in messages[0]
-    assert "--trainer.strategy.init_args.find_unused_parameters=true" in messages[0]
     # It stopped before DDP's own error at the second step, and before anything was saved.
     assert "Expected to have finished reduction in the prior iteration" not in output
     assert "It looks like your LightningModule has parameters that were not used" not in output
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def stopped_with(output: str) -> list[str]:
+    """The parameters named by the one paragraph a run stopped with: no traceback, one paragraph for the job (its
+    processes are on one node), which names the config that fixes it."""
+    assert "Traceback" not in output, output
+    paragraphs = re.findall(
+        r"^error: (.*got no gradient in a backward pass of the first training step.*)$", output, re.M
+    )
+    assert len(paragraphs) == 1, output
+    assert "add -c configs/find_unused.yaml" in paragraphs[0]
+    assert "--trainer.strategy.init_args.find_unused_parameters=true" in paragraphs[0]
+    return re.search(r"first training step[^:]*: (.*?)\. DDP", paragraphs[0]).group(1).split(", ")
 
 
 @pytest.mark.distributed
@@ -71,6 +81,18 @@ def one_process_group():
     torch.distributed.destroy_process_group()
 
 
+def first_step(check: UnusedParameterCheck, ddp: DistributedDataParallel, *losses) -> None:
+    """The hooks Lightning calls around each backward pass of a first training step (one per loss)."""
+    trainer = SimpleNamespace(model=ddp)
+    check.on_train_start(trainer, ddp.module)
+    for loss in losses:
+        value = loss()
+        check.on_before_backward(trainer, ddp.module, value)
+        value.backward()
+        check.on_after_backward(trainer, ddp.module)
+    check.on_train_batch_end(trainer, ddp.module, None, None, 0)
+
+
 @pytest.mark.parametrize(
     ("ddp_options", "stops"),
     [({}, True), ({"find_unused_parameters": True}, False), ({"static_graph": True}, False)],
@@ -79,17 +101,49 @@ def test_the_check_stops_exactly_the_ddp_runs_that_fail_at_the_next_step(one_pro
     model = AuxHeadModel()
     ddp = DistributedDataParallel(model, **ddp_options)
 
-    def step() -> None:
-        ddp(torch.randn(16, 32)).square().mean().backward()  # forward() leaves the auxiliary head out
+    def loss() -> torch.Tensor:
+        return ddp(torch.randn(16, 32)).square().mean()  # forward() leaves the auxiliary head out
 
-    step()
     check = UnusedParameterCheck()
     if stops:
-        expected = "got no gradient in the first training step: aux_head.weight, aux_head.bias"
-        with pytest.raises(RuntimeError, match=expected):
-            check.on_after_backward(SimpleNamespace(model=ddp), model)
+        expected = "got no gradient in a backward pass of the first training step: aux_head.weight, aux_head.bias"
+        with pytest.raises(MisconfigurationException, match=expected):
+            first_step(check, ddp, loss)
         with pytest.raises(RuntimeError, match="Expected to have finished reduction in the prior iteration"):
-            step()
+            loss().backward()
     else:
-        check.on_after_backward(SimpleNamespace(model=ddp), model)
-        step()
+        first_step(check, ddp, loss)
+        loss().backward()
+
+
+class TwoNetworks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = torch.nn.Linear(4, 8)
+        self.discriminator = torch.nn.Linear(8, 1)
+        self.automatic_optimization = False
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.discriminator(self.generator(z))
+
+
+@pytest.mark.parametrize("toggled", [True, False])
+def test_under_manual_optimization_every_backward_pass_of_the_first_step_is_checked(one_process_group, toggled):
+    # A GAN's step: the generator's pass, then the discriminator's on a detached fake. With toggle_optimizer the
+    # discriminator's parameters require no gradient in the generator's pass; without it, the generator gets none
+    # in the discriminator's pass, and nothing is wrong before that second pass.
+    model = TwoNetworks()
+    ddp = DistributedDataParallel(model)
+
+    def generator_loss() -> torch.Tensor:
+        model.discriminator.requires_grad_(not toggled)
+        loss = ddp(torch.randn(16, 4)).mean()
+        model.discriminator.requires_grad_(True)
+        return loss
+
+    def discriminator_loss() -> torch.Tensor:
+        return model.discriminator(model.generator(torch.randn(16, 4)).detach()).mean()
+
+    unused = "discriminator.weight, discriminator.bias" if toggled else "generator.weight, generator.bias"
+    with pytest.raises(MisconfigurationException, match=rf"manual_backward of a module .*\): {unused}\. DDP"):
+        first_step(UnusedParameterCheck(), ddp, generator_loss, discriminator_loss)

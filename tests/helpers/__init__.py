@@ -266,6 +266,39 @@ def serve(command: list[str], port: int, log: Path, timeout: float = 120) -> sub
             time.sleep(0.2)
 
 
+def cli_job(workdir: Path, run_id: str, *args: str) -> subprocess.CompletedProcess:
+    """``python cli.py ARGS`` in ``workdir`` as the run ``run_id``, as a user runs it; its status is the caller's to
+    check."""
+    return run_script([str(REPO / "cli.py"), *args], cwd=workdir, env={"RUN_ID": run_id})
+
+
+def job_output(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+def succeeded(result: subprocess.CompletedProcess) -> str:
+    """The output of a job that must have succeeded."""
+    assert result.returncode == 0, job_output(result)
+    return job_output(result)
+
+
+def plain_lightning_cli(*args: str):
+    """Plain LightningCLI, as the user would run the module without the template: one process on the CPU, no logger,
+    nothing run yet (``cli.trainer`` and ``cli.model`` are there to call)."""
+    from lightning.pytorch.cli import LightningCLI
+
+    plain = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.logger=false"]
+    return LightningCLI(
+        args=[*args, *plain, "--trainer.enable_progress_bar=false"], run=False, save_config_callback=None
+    )
+
+
+def plain_predictions(checkpoint: Path, *args: str) -> torch.Tensor:
+    """What plain LightningCLI predicts for the model and data ``args`` choose, with ``checkpoint``'s weights."""
+    cli = plain_lightning_cli(*args)
+    return torch.cat(cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=str(checkpoint)))
+
+
 def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
     """The last line of a one-process fit of configs/ddp.yaml that stops once running: exit 1, no traceback."""
     with pytest.raises(SystemExit) as exit_:

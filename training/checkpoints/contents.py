@@ -19,7 +19,10 @@ def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
         raise ValueError(problem)
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
-        return checkpoint["epoch"] + 1, checkpoint["global_step"]
+        # The epoch a checkpoint saved at the end of training holds is the next one, never begun (a run without
+        # validation saves its last.ckpt there): the loop's count of epochs started is right wherever it was saved.
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
+        return progress.get("started", checkpoint["epoch"] + 1), checkpoint["global_step"]
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(

@@ -10,14 +10,17 @@ it SIGKILLs every process of the node, the one that started them included, befor
 with one paragraph that names the process.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
+import time
 
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
 POLL_SECONDS = 0.2
+GRACE_SECONDS = 10.0
 STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -75,6 +78,17 @@ def speaks_for_node() -> bool:
     (nobody else would say why the node stopped)."""
     local_rank = os.environ.get("LOCAL_RANK", "0")
     return local_rank == "0" or (local_rank == "1" and starter_gone())
+
+
+def let_started_end(grace: float = GRACE_SECONDS) -> None:
+    """In the process that started the node's others, as it stops with a paragraph they meet too (a setting Lightning
+    refuses in every process): wait up to ``grace`` seconds for them to end first. Local rank 1 speaks for the node
+    only once this one has ended (``speaks_for_node``), so the paragraph is printed once; one still running after the
+    grace is held elsewhere and says so itself once this process has gone."""
+    deadline = time.monotonic() + grace
+    for process in [process for started in WATCHES for process in started.processes]:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(0.0, deadline - time.monotonic()))
 
 
 def how_it_ended(status: int) -> str:

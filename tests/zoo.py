@@ -1,0 +1,268 @@
+"""LightningModules and DataModules written the way users write them, not the way the template's own are.
+
+Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
+two optimizers (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a ReduceLROnPlateau on it
+(Lightning's docs), a module given a partial optimizer and scheduler and its network (lightning-hydra-template's
+MNIST module), a module without validation, and a classifier whose accuracy saturates (a plateau).
+"""
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningDataModule, LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class TrainOnlyBlobs(LightningDataModule):
+    """Points around ``num_classes`` well separated centres, as ``(x, label)``: a training loader, and a predict loader
+    on held-out points; no validation data."""
+
+    def __init__(
+        self, num_train: int = 64, num_val: int = 32, dim: int = 4, num_classes: int = 3, batch_size: int = 8
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        generator = torch.Generator().manual_seed(0)
+        centres = 8 * torch.randn(hp.num_classes, hp.dim, generator=generator)
+        labels = torch.randint(hp.num_classes, (hp.num_train + hp.num_val,), generator=generator)
+        x = centres[labels] + torch.randn(len(labels), hp.dim, generator=generator)
+        self.train_set = TensorDataset(x[: hp.num_train], labels[: hp.num_train])
+        self.val_set = TensorDataset(x[hp.num_train :], labels[hp.num_train :])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+
+class Blobs(TrainOnlyBlobs):
+    """The same points, with the held-out ones as validation data too."""
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+
+class Samples(LightningDataModule):
+    """Real samples for a GAN to imitate (``dim`` numbers near a fixed pattern), and latent vectors to predict from."""
+
+    def __init__(self, num_samples: int = 64, dim: int = 8, latent_dim: int = 4, batch_size: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        generator = torch.Generator().manual_seed(0)
+        pattern = torch.linspace(-1, 1, hp.dim)
+        self.samples = TensorDataset(pattern + 0.1 * torch.randn(hp.num_samples, hp.dim, generator=generator))
+        self.latents = TensorDataset(torch.randn(24, hp.latent_dim, generator=generator))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.samples, batch_size=self.hparams.batch_size, shuffle=True)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.latents, batch_size=self.hparams.batch_size)
+
+
+class GAN(LightningModule):
+    """Manual optimization with a generator and a discriminator, each with its own optimizer: each backward pass
+    leaves the other network's parameters without a gradient."""
+
+    def __init__(self, latent_dim: int = 4, dim: int = 8, hidden: int = 16, lr: float = 0.002) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(latent_dim, hidden), nn.ReLU(), nn.Linear(hidden, dim), nn.Tanh())
+        self.discriminator = nn.Sequential(nn.Linear(dim, hidden), nn.LeakyReLU(0.2), nn.Linear(hidden, 1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.generator(z)
+
+    def adversarial_loss(self, logits: torch.Tensor, real: bool) -> torch.Tensor:
+        target = torch.ones_like(logits) if real else torch.zeros_like(logits)
+        return F.binary_cross_entropy_with_logits(logits, target)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        (real,) = batch
+        optimizer_g, optimizer_d = self.optimizers()
+        z = torch.randn(len(real), self.hparams.latent_dim, device=self.device)
+
+        self.toggle_optimizer(optimizer_g)
+        g_loss = self.adversarial_loss(self.discriminator(self(z)), real=True)
+        self.manual_backward(g_loss)
+        optimizer_g.step()
+        optimizer_g.zero_grad()
+        self.untoggle_optimizer(optimizer_g)
+
+        self.toggle_optimizer(optimizer_d)
+        fake = self(z).detach()
+        d_loss = (
+            self.adversarial_loss(self.discriminator(real), True)
+            + self.adversarial_loss(self.discriminator(fake), False)
+        ) / 2
+        self.manual_backward(d_loss)
+        optimizer_d.step()
+        optimizer_d.zero_grad()
+        self.untoggle_optimizer(optimizer_d)
+        self.log_dict({"g_loss": g_loss, "d_loss": d_loss}, prog_bar=True)
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch[0])
+
+    def configure_optimizers(self) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+        betas = (0.5, 0.999)
+        optimizer_g = torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr, betas=betas)
+        optimizer_d = torch.optim.Adam(self.discriminator.parameters(), lr=self.hparams.lr, betas=betas)
+        return optimizer_g, optimizer_d
+
+
+class PlateauClassifier(LightningModule):
+    """Logs ``val_loss`` (Lightning's docs' name) and lowers its learning rate when ``val_loss`` stops falling."""
+
+    def __init__(self, dim: int = 4, num_classes: int = 3, hidden: int = 16, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=True)
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).softmax(dim=-1)
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+
+
+class Classifier(nn.Module):
+    """The network the module below is given, as lightning-hydra-template passes its ``net``."""
+
+    def __init__(self, dim: int = 4, hidden: int = 16, num_classes: int = 3) -> None:
+        super().__init__()
+        self.model = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class PartialOptimizerModule(LightningModule):
+    """A network, an optimizer and a scheduler passed in, the optimizer and scheduler partially applied: the module
+    gives them its parameters and optimizer. One metric object per stage, ``{stage}/loss`` names."""
+
+    def __init__(
+        self,
+        net: nn.Module,
+        optimizer: OptimizerCallable = torch.optim.SGD,
+        scheduler: LRSchedulerCallable | None = None,
+        num_classes: int = 3,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(logger=False, ignore=["net"])
+        self.net = net
+        # lightning-hydra-template calls self.hparams.optimizer; under LightningCLI hparams hold the config instead.
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.train_loss, self.val_loss = MeanMetric(), MeanMetric()
+        self.val_acc = MulticlassAccuracy(num_classes)
+        self.val_acc_best = MaxMetric()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def model_step(self, batch: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, y = batch
+        logits = self(x)
+        return F.cross_entropy(logits, y), logits.argmax(dim=1), y
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, _, _ = self.model_step(batch)
+        self.train_loss(loss)
+        self.log("train/loss", self.train_loss, on_step=False, on_epoch=True, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        loss, preds, targets = self.model_step(batch)
+        self.val_loss(loss)
+        self.val_acc(preds, targets)
+        self.log("val/loss", self.val_loss, on_step=False, on_epoch=True, prog_bar=True)
+        self.log("val/acc", self.val_acc, on_step=False, on_epoch=True, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        self.val_acc_best(self.val_acc.compute())
+        self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True, prog_bar=True)
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).argmax(dim=1)
+
+    def configure_optimizers(self) -> dict:
+        optimizer = self.optimizer(params=self.trainer.model.parameters())
+        if self.scheduler is None:
+            return {"optimizer": optimizer}
+        scheduler = self.scheduler(optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
+
+
+class NoValidation(LightningModule):
+    """A training loop and nothing else to check it by: no validation step, no validation metric."""
+
+    def __init__(self, dim: int = 4, num_classes: int = 3, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(dim, num_classes)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.layer(x), y)
+        self.log("loss", loss)
+        return loss
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class SaturatingClassifier(LightningModule):
+    """A classifier of well separated classes: validation accuracy reaches 1.0 in the first epoch and stays there,
+    so the monitored ``val/acc`` (mode max) never improves again."""
+
+    def __init__(self, dim: int = 4, num_classes: int = 3, lr: float = 1.0) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(dim, num_classes)
+        self.val_acc = MulticlassAccuracy(num_classes)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.cross_entropy(self.layer(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.val_acc(self.layer(x), y)
+        self.log("val/acc", self.val_acc)
+
+    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).argmax(dim=1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
