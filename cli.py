@@ -7,12 +7,30 @@ Every behaviour of a run is declared in configs/ddp.yaml; this file builds the C
 """
 
 import gc
+import os
+import signal
+import socket
+import sys
+
+
+def stopped_while_starting(signum: int, frame: object) -> None:
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # the process that starts the node's others speaks for them
+        print(
+            f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) while "
+            "it started, before training: nothing was trained and no checkpoint was written. Run the same command "
+            "again to start the job.",
+            file=sys.stderr,
+        )
+    sys.exit(1)
+
+
+if __name__ == "__main__":  # a SIGTERM during the seconds of the imports below ends in a paragraph too
+    signal.signal(signal.SIGTERM, stopped_while_starting)
 
 # Importing torch and Lightning makes over 300,000 objects and next to no garbage: the collections that ran while
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
 gc.disable()
 
-import sys
 import warnings
 from typing import Any
 
@@ -104,6 +122,10 @@ class CLI(LightningCLI):
     def check_start(self) -> None:
         # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
         # weights stops here, before any other process starts.
+        # From here the job's own handlers take SIGTERM (training/job/stop_signal.py, then Lightning's and
+        # training.PreemptionCheckpoint's); Lightning would call this one too, on a signal meant to stop training well.
+        if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         config = self.config[self.subcommand]
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)

@@ -8,6 +8,7 @@ started.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -188,3 +189,27 @@ def test_sigterm_while_the_job_starts_stops_it_with_a_paragraph(terminated_while
         ") was stopped by a signal (SIGTERM) before training started: nothing was trained and no checkpoint was "
         "written. Run the same command again (on every node) to start the job."
     )
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def test_sigterm_while_cli_imports_torch_and_lightning_stops_it_with_a_paragraph(tmp_path):
+    """cli.py takes SIGTERM from its first lines, before the seconds of its imports: sent as soon as it does."""
+    zero = start(tmp_path)
+    while not catches_sigterm(zero.pid):
+        assert zero.poll() is None, (tmp_path / "output").read_text()
+        time.sleep(0.01)
+    zero.send_signal(signal.SIGTERM)
+    assert zero.wait(timeout=120) == 1
+    output = (tmp_path / "output").read_text()
+    assert "Traceback" not in output, output
+    assert last_paragraph(output) == (
+        f"error: cli.py on {socket.gethostname()} was stopped by a signal (SIGTERM) while it started, before "
+        "training: nothing was trained and no checkpoint was written. Run the same command again to start the job."
+    )
+    assert not (tmp_path / "logs").exists()

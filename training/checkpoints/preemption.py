@@ -11,8 +11,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
-from training.private_api import stop_sigterm_broadcast
 from training.checkpoints.resume import last_checkpoint_path
+from training.private_api import stop_sigterm_broadcast
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # About how often, in seconds of training, the ranks agree on whether to stop.
