@@ -26,6 +26,10 @@ def stopped_while_starting(signum: int, frame: object) -> None:
 
 if __name__ == "__main__":  # a SIGTERM during the seconds of the imports below ends in a paragraph too
     signal.signal(signal.SIGTERM, stopped_while_starting)
+    # torch reads it as it is imported. A heartbeat's store call cut off as global rank 0's process ends would print
+    # a C++ warning with its backtrace before the paragraph that explains the stop; DEBUG=1 on the launcher (or a
+    # value of your own) keeps torch's C++ warnings.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 # Importing torch and Lightning makes over 300,000 objects and next to no garbage: the collections that ran while
 # they were made, and again at exit over all of them, took over a second of CPU in every process.
@@ -48,7 +52,7 @@ from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
-from training.job.node_processes import let_started_end, speaks_for_node
+from training.job.node_processes import let_later_end, speaks_for_node
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -156,7 +160,7 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             raise
         if speaks_for_node():  # every process has the same paragraph: one per node
             print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
-        let_started_end()  # they meet it too, and stay silent while this process lives
+        let_later_end()  # the node's others meet it too, and stay silent while this process lives
         sys.exit(1)
 
 

@@ -15,7 +15,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from tests.helpers import free_port
-from training.heartbeat import liveness, why_stopped
+from training.heartbeat import liveness, verdicts, why_stopped
 from training.heartbeat.heard import Heard
 from training.heartbeat.liveness import Liveness
 
@@ -187,7 +187,7 @@ def test_a_slow_peer_and_one_that_finished_are_not_lost(store, exits, start):
 @pytest.fixture
 def short_grace(monkeypatch):
     # Four heartbeats of QUICK_FAILURE's (the product's 10 s are five of a 60 s peer_timeout's).
-    monkeypatch.setattr(liveness, "FAILURE_GRACE", timedelta(seconds=2))
+    monkeypatch.setattr(verdicts, "FAILURE_GRACE", timedelta(seconds=2))
 
 
 def test_after_a_failed_collective_a_silent_peer_is_named_at_once(store, exits, start, short_grace):

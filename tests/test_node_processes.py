@@ -10,61 +10,23 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DDP_YAML, REPO, free_port, processes_in, wait_for_hold
+from tests.helpers import wait_for_hold
+from tests.helpers.one_node import last_paragraph, local_ranks, start, wait_gone
 
 pytestmark = pytest.mark.distributed
 
-# Far longer than any of these runs may take to stop: only their own words may end them.
-JOIN_TIMEOUT = "0:10:00"
 PEER_TIMEOUT = 60  # seconds, the config's
 HOLD_STEP = 3
 
 
-def start(workdir: Path, *args: str) -> subprocess.Popen:
-    """``python cli.py fit`` with 2 CPU processes in ``workdir``; its output (rank 1's too) goes to workdir/output."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"]
-    command += ["--trainer.devices=2", f"--trainer.strategy.init_args.join_timeout={JOIN_TIMEOUT}", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
-    with (workdir / "output").open("w") as output:
-        return subprocess.Popen(command, cwd=workdir, env=env, stdout=output, stderr=subprocess.STDOUT)
-
-
 def rank_one(workdir: Path, rank_zero: subprocess.Popen) -> int:
     """The pid of the process rank 0 started, once it runs."""
-    while not (others := [pid for pid in processes_in(workdir) if pid != rank_zero.pid]):
-        assert rank_zero.poll() is None, (workdir / "output").read_text()
-        time.sleep(0.05)
-    return others[0]
-
-
-def gone(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def wait_gone(pid: int, within: float) -> float:
-    """Seconds until ``pid`` ended; fails once ``within`` seconds have passed."""
-    started = time.monotonic()
-    while not gone(pid):
-        assert time.monotonic() - started < within, f"pid {pid} still runs after {within} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
-def last_paragraph(output: str) -> str:
-    assert "Traceback" not in output and "frame #" not in output, output
-    lines = output.rstrip().splitlines()
-    assert lines[-1].startswith("error: "), output
-    return lines[-1]
+    return local_ranks(workdir, rank_zero, 2)[1]
 
 
 @pytest.fixture(scope="module")

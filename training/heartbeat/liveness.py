@@ -5,8 +5,8 @@ thread with its own store client: training may sit in a collective, a checkpoint
 long as it likes without missing a beat, and no training step waits for it. A second thread only looks at the
 clock, so a store operation that never returns (a cut link) cannot hide a lost peer. When a peer has been
 silent for ``peer_timeout``, or the store itself (which lives in global rank 0's process, on node 0) has, every
-surviving process stops the job with one paragraph (training/heartbeat/why_stopped.py) and ``os._exit``: a gloo
-collective cannot be aborted, and the one in flight would wait out the strategy's collective timeout.
+surviving process stops the job with one paragraph (training/heartbeat/verdicts.py says which) and ``os._exit``: a
+gloo collective cannot be aborted, and the one in flight would wait out the strategy's collective timeout.
 """
 
 import contextlib
@@ -15,7 +15,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -24,13 +23,14 @@ from torch.distributed import Store
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
-from training.job.node_processes import NodeProcesses, speaks_for_node
+from training.heartbeat.verdicts import Verdicts
+from training.job.node_processes import NodeProcesses, end_later, speaks_for_node
 from training.job.store import connect
 
 PREFIX = "liveness"
 EXIT_STATUS = 1
-# After a failed collective, a peer silent this long (or peer_timeout, if shorter) is the one that failed.
-FAILURE_GRACE = timedelta(seconds=10)
+# What a store call raises once the store is gone or out of reach (torch's DistError derives from RuntimeError).
+STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
 
 def beat_period(peer_timeout: timedelta) -> float:
@@ -38,7 +38,7 @@ def beat_period(peer_timeout: timedelta) -> float:
     return min(peer_timeout.total_seconds() / 10, 2.0)
 
 
-class Liveness:
+class Liveness(Verdicts):
     """The heartbeat of one process and its watch over the others.
 
     Args:
@@ -48,7 +48,7 @@ class Liveness:
         peer_timeout: how long a peer may stay silent before it counts as lost.
         collective_timeout: the strategy's ``timeout``, named in the paragraphs.
         progress: returns this process's ``(epoch, step)``, or None before training.
-        announce: whether this process prints the paragraph (one per node).
+        announce: whether this process prints the paragraph; with ``node``, also whichever speaks for the node.
         node: what this process knows of its node's other processes (training/job/node_processes.py): one killed is
             named at once; the end of the one that started this process, once a collective fails or the store
             falls silent (it may also have ended well, a moment before this one).
@@ -110,41 +110,13 @@ class Liveness:
         self.checkpoint = {"path": path, "epoch": epoch, "step": step}
         self._publish()
 
-    def failed(self, error: BaseException) -> str | None:
-        """The paragraph for a collective that failed with ``error``, or None where nothing explains it.
-
-        A peer that was killed fails gloo at once, before its silence shows: wait up to FAILURE_GRACE for a
-        peer to fall silent or report its own error. If all kept answering, a timeout is the collective's own.
-        """
-        grace = min(FAILURE_GRACE, self.peer_timeout).total_seconds()
-        failed_at = time.monotonic()
-        why = f"and a collective with it failed ({why_stopped.one_line(error)}), so this node stopped"
-        while not (paragraph := self.verdict(grace, why, failed=True)) and not self._told(failed_at, grace):
-            time.sleep(min(self.period, 0.5))
-        if paragraph:
-            return paragraph
-        if why_stopped.timed_out(error):
-            return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
-        return None
-
-    def _told(self, failed_at: float, grace: float) -> bool:
-        """Whether the heartbeats since a collective failed at ``failed_at`` have said all they will: ``grace`` and
-        two periods have passed, this process has fresh news of the store, and no peer whose beats stopped after
-        the failure is still short of ``grace`` (a loaded machine hears a peer's last beat late). At the latest
-        after a further peer_timeout."""
-        now = time.monotonic()
-        if now - failed_at > grace + 2 * self.period + self.peer_timeout.total_seconds():
-            return True
-        over = now - failed_at >= grace + 2 * self.period
-        return over and self.hearing.fresh(now) and not self.hearing.falling(failed_at, now)
-
     def errored(self, error: BaseException) -> None:
         """This process stops with its own error: the others name it instead of waiting for its silence."""
         self.state = {"state": "failed", "error": why_stopped.one_line(error)}
         self._publish()
 
     def stop_job(self, paragraph: str) -> None:
-        """Print ``paragraph`` (local rank 0) and end the process; the first caller wins, others wait for it."""
+        """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it."""
         if not self.stopping.acquire(blocking=False):
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
@@ -153,45 +125,8 @@ class Liveness:
             sys.stdout.flush()
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
         if self.node is not None:
-            self.node.stop_started()
+            end_later()
         os._exit(EXIT_STATUS)
-
-    def verdict(self, silence: float, why: str, failed: bool = False) -> str | None:
-        """The paragraph if a peer stopped the job, or (with ``failed``, after a collective failed) ended with
-        an error, or if a peer or the store has been silent for ``silence`` seconds (``why`` says what that
-        means); else None."""
-        now = time.monotonic()
-        heard = dict(self.hearing.peers)
-        if self.node and (killed := self.node.ended(killed_only=True)):
-            return why_stopped.process_ended(killed, self._tail(None))
-        for peer in heard.values():
-            if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
-                return why_stopped.with_command(peer.beat["verdict"], self.describe["command"])
-        for peer in heard.values() if failed else ():
-            if peer.beat.get("state") == "failed":
-                return why_stopped.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
-        store_silent = now - self.hearing.store > silence
-        if (failed or store_silent) and self.node and (starter := self.node.starter_ended()):
-            return why_stopped.process_ended(starter, self._tail(None))
-        if store_silent:
-            zero = heard[0].beat if 0 in heard else {}
-            if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
-                return None
-            return why_stopped.store_lost(zero, self.store_address, self.hearing.store_at, why, self._tail("node 0"))
-        if not self.hearing.fresh(now):
-            return None
-        silent = self.hearing.silent(now, silence)
-        if not silent:
-            return None
-        nodes = {peer.beat["node"] for peer in silent.values() if peer is not None}
-        whole = [node for node in sorted(nodes) if all(r in silent for r, p in heard.items() if p.beat["node"] == node)]
-        lost = " and ".join(f"node {node}" for node in whole) or None
-        return why_stopped.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
-
-    def _tail(self, lost: str | None) -> str:
-        zero = self.hearing.peers.get(0)
-        checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
-        return why_stopped.tail(lost, self.progress(), checkpoint, self.describe["command"])
 
     def _beat_value(self) -> str:
         self.count += 1
@@ -204,11 +139,11 @@ class Liveness:
         """Send this process's state now, waiting at most one period: a client serialises its operations, and
         the heartbeat's own may hang on a store that stopped answering."""
         client = self.client
-        if client is None:
+        if client is None or self._store_left():
             return
 
         def send() -> None:
-            with contextlib.suppress(RuntimeError):
+            with contextlib.suppress(*STORE_ERRORS):
                 client.set(f"{PREFIX}/{self.me['rank']}", self._beat_value())
 
         sender = threading.Thread(target=send, name="liveness-publish", daemon=True)
@@ -219,7 +154,7 @@ class Liveness:
         keys = [f"{PREFIX}/{rank}" for rank in range(self.world_size)]
         present: list[str] = []
         while not self.stopped.is_set():
-            if self.node and self.node.starter_ended():  # on node 0 it held the store: no call that would fail
+            if self._store_left():
                 self.stopped.wait(self.period)
                 continue
             try:
@@ -231,9 +166,14 @@ class Liveness:
                 self.hearing.answered(
                     {int(key.rsplit("/", 1)[1]): json.loads(value) for key, value in zip(present, values, strict=True)}
                 )
-            except (RuntimeError, OSError, ValueError):
+            except STORE_ERRORS:
                 self.client = None
             self.stopped.wait(self.period)
+
+    def _store_left(self) -> bool:
+        """Whether this process calls the store no more: the process that started it ended, and on node 0 it held the
+        store (a call would only fail)."""
+        return self.node is not None and bool(self.node.starter_ended())
 
     def _reconnect(self) -> Store:
         # A failed store operation makes torch print a C++ backtrace: knock on the port first, quietly.

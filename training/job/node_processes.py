@@ -7,7 +7,8 @@ them ends, and how; they see at once when it ends. A peer on another node only f
 Lightning's launcher has a watch of its own over the processes it started: up to 5 s after one ended with an error,
 it SIGKILLs every process of the node, the one that started them included, before any can say what happened.
 ``watch`` replaces it (training/private_api.py) and only records who ended; training/strategy.py then stops the job
-with one paragraph that names the process.
+with one paragraph that names the process. One process speaks for the node (``speaks_for_node``), however many it
+has and whichever of them ended.
 """
 
 import contextlib
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
@@ -73,22 +75,66 @@ def starter_gone() -> bool:
     return pid is not None and os.getppid() != pid
 
 
+def running() -> dict[int, int]:
+    """The local rank and pid of each process that this one's starter started and that still runs. Linux shows each
+    process's environment in /proc, none once it ended; a DataLoader worker, forked with its process's environment,
+    is told apart by the name torch gives it."""
+    started_by = os.environ.get(STARTED_BY)
+    found: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*") if started_by else ():
+        try:
+            items = (entry / "environ").read_bytes().split(b"\0")
+            environ = dict(item.split(b"=", 1) for item in items if b"=" in item)
+            if environ.get(STARTED_BY.encode()) == started_by.encode() and not is_data_worker(entry):
+                found[int(environ[b"LOCAL_RANK"])] = int(entry.name)
+        except (OSError, KeyError, ValueError):  # ended meanwhile, or another user's
+            continue
+    return found
+
+
+def is_data_worker(proc: Path) -> bool:
+    return (proc / "comm").read_text().strip() == "pt_data_worker"
+
+
+def own_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def speaks_for_node() -> bool:
-    """Whether this process prints its node's paragraph: local rank 0, or local rank 1 once local rank 0 has ended
-    (nobody else would say why the node stopped)."""
-    local_rank = os.environ.get("LOCAL_RANK", "0")
-    return local_rank == "0" or (local_rank == "1" and starter_gone())
+    """Whether this process prints its node's paragraph: local rank 0 while it runs, then the lowest local rank still
+    running (nobody else would say why the node stopped). Whichever speaks ends the node's later local ranks before it
+    ends itself (``let_later_end``, ``end_later``): none is left to speak after it."""
+    if not starter_gone():
+        return own_local_rank() == 0
+    return own_local_rank() <= min(running(), default=own_local_rank())
 
 
-def let_started_end(grace: float = GRACE_SECONDS) -> None:
-    """In the process that started the node's others, as it stops with a paragraph they meet too (a setting Lightning
-    refuses in every process): wait up to ``grace`` seconds for them to end first. Local rank 1 speaks for the node
-    only once this one has ended (``speaks_for_node``), so the paragraph is printed once; one still running after the
-    grace is held elsewhere and says so itself once this process has gone."""
+def later() -> dict[int, int]:
+    """The node's processes still running with a local rank above this one's: local rank -> pid. The process that
+    started them has them at hand; the others find them in /proc."""
+    if starter() is None:
+        started = [process for watch in WATCHES for process in watch.processes]
+        return {rank: process.pid for rank, process in enumerate(started, start=1) if process.poll() is None}
+    return {rank: pid for rank, pid in running().items() if rank > own_local_rank()}
+
+
+def end_later() -> None:
+    """End the node's processes of a later local rank, as this one ends the job: they would only stop later, with no
+    more to say."""
+    for pid in later().values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def let_later_end(grace: float = GRACE_SECONDS) -> None:
+    """In the process that speaks for its node, as it stops with a paragraph the others meet too (a setting Lightning
+    refuses in every process, the end of the process that started them): wait up to ``grace`` seconds for the node's
+    later local ranks to end first, silent while this one runs (``speaks_for_node``), then end any still running, so
+    that the paragraph is printed once."""
     deadline = time.monotonic() + grace
-    for process in [process for started in WATCHES for process in started.processes]:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(max(0.0, deadline - time.monotonic()))
+    while later() and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    end_later()
 
 
 def how_it_ended(status: int) -> str:
@@ -139,10 +185,3 @@ class NodeProcesses:
                 "command again (on every node) to start the job."
             )
         return ""
-
-    def stop_started(self) -> None:
-        """End the processes this one started, as it ends the job: they would only stop later, with no more to say."""
-        for started in WATCHES:
-            for process in started.processes:
-                if process.poll() is None:
-                    process.kill()

@@ -1,0 +1,89 @@
+"""Who speaks for a node whose processes stop: local rank 0 while it runs, then the lowest local rank still running,
+which ends the later ones before it ends, so each node says why it stopped exactly once, however many processes it
+has (training/job/node_processes.py).
+
+The first tests play a node's processes with plain ones that carry the environment Lightning gives them; the others
+run real jobs of 3 CPU processes (one shared run per case) and kill some of them.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for_hold
+from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
+from training.job import node_processes
+
+PEER_TIMEOUT = 60  # seconds, the config's
+HOLD_STEP = 2
+# Waits on stdin, so that the test ends it by closing the pipe; a DataLoader worker names itself as torch does.
+WAITS = "import sys; sys.stdin.read()"
+WORKER = "import pathlib, sys; pathlib.Path('/proc/self/comm').write_text('pt_data_worker'); sys.stdin.read()"
+
+
+@pytest.fixture
+def orphans(monkeypatch):
+    """Local ranks 1, 3 and a DataLoader worker of rank 3, whose starter has ended; this process plays local rank 2."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    starter = ended.stdout.strip()
+    monkeypatch.setenv(node_processes.STARTED_BY, starter)
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    started = {}
+    for rank, code in (("1", WAITS), ("3", WAITS), ("3", WORKER)):
+        env = {**os.environ, node_processes.STARTED_BY: starter, "LOCAL_RANK": rank}
+        process = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE)
+        started[rank if code == WAITS else "worker"] = process
+    while Path(f"/proc/{started['worker'].pid}/comm").read_text().strip() != "pt_data_worker":
+        assert started["worker"].poll() is None
+        time.sleep(0.01)
+    yield started
+    for process in started.values():
+        process.kill()
+        process.wait()
+
+
+def test_once_local_rank_0_ended_the_lowest_local_rank_still_running_speaks_for_the_node(orphans):
+    one, three = orphans["1"], orphans["3"]
+    assert node_processes.starter_gone()
+    assert node_processes.running() == {1: one.pid, 3: three.pid}, "the worker is no local rank"
+    assert not node_processes.speaks_for_node(), "local rank 1 speaks"
+    one.kill()
+    while not gone(one.pid):  # a zombie, not yet waited for, has ended too
+        time.sleep(0.01)
+    assert node_processes.running() == {3: three.pid}
+    assert node_processes.speaks_for_node()
+    node_processes.end_later()
+    assert three.wait() == -signal.SIGKILL
+
+
+def killed_in_training(workdir: Path, victims: list[int]) -> dict:
+    """A job of 3 processes held at step HOLD_STEP, where the processes of local ranks ``victims`` are killed."""
+    hold = workdir / "hold"
+    args = ["--trainer.max_epochs=1", "--data.init_args.num_train=1024", "--trainer.logger=false"]
+    args += ["--trainer.callbacks+=tests.helpers.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
+    zero = start(workdir, *args, f"--trainer.callbacks.hold_file={hold}", devices=3)
+    hold.touch()
+    pids = local_ranks(workdir, zero, 3)
+    wait_for_hold(hold, 3, zero)
+    for victim in victims:
+        os.kill(pids[victim], signal.SIGKILL)
+    hold.unlink()
+    seconds = max(wait_gone(pid, PEER_TIMEOUT) for pid in pids)
+    zero.wait()
+    return {"pids": pids, "seconds": seconds, "output": (workdir / "output").read_text()}
+
+
+@pytest.mark.distributed
+def test_local_ranks_0_and_1_killed_together_are_named_once_by_local_rank_2(tmp_path):
+    stopped = killed_in_training(tmp_path, [0, 1])
+    paragraph = last_paragraph(stopped["output"])
+    assert stopped["output"].count("error: ") == 1, stopped["output"]
+    assert paragraph.startswith(f"error: the job stopped: rank 0 (local rank 0, pid {stopped['pids'][0]}) of node 0 (")
+    assert "which started this process, ended" in paragraph
+    assert f"This node had reached epoch 0, step {HOLD_STEP}." in paragraph
+    assert not traces(stopped["output"])

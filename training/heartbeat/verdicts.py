@@ -1,0 +1,95 @@
+"""What one process concludes from the heartbeats it has heard (training/heartbeat/heard.py) and from its own node's
+processes (training/job/node_processes.py): a peer or the store silent for too long, a peer that stopped the job or
+stopped with an error, a process of this node that ended; and the paragraph that says so
+(training/heartbeat/why_stopped.py). training/heartbeat/liveness.py sends and hears the heartbeats and stops the job.
+"""
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from training.heartbeat import why_stopped
+from training.heartbeat.heard import Hearing
+from training.job.node_processes import NodeProcesses
+
+# After a failed collective, a peer silent this long (or peer_timeout, if shorter) is the one that failed.
+FAILURE_GRACE = timedelta(seconds=10)
+
+
+class Verdicts:
+    """What Liveness (training/heartbeat/liveness.py) concludes from what it has heard; it sets the attributes below."""
+
+    hearing: Hearing
+    node: NodeProcesses | None
+    peer_timeout: timedelta
+    period: float
+    store_address: str
+    describe: dict[str, Any]
+    progress: Callable[[], tuple[int, int] | None]
+    checkpoint: dict[str, Any] | None
+
+    def failed(self, error: BaseException) -> str | None:
+        """The paragraph for a collective that failed with ``error``, or None where nothing explains it.
+
+        A peer that was killed fails gloo at once, before its silence shows: wait up to FAILURE_GRACE for a
+        peer to fall silent or report its own error. If all kept answering, a timeout is the collective's own.
+        """
+        grace = min(FAILURE_GRACE, self.peer_timeout).total_seconds()
+        failed_at = time.monotonic()
+        why = f"and a collective with it failed ({why_stopped.one_line(error)}), so this node stopped"
+        while not (paragraph := self.verdict(grace, why, failed=True)) and not self._told(failed_at, grace):
+            time.sleep(min(self.period, 0.5))
+        if paragraph:
+            return paragraph
+        if why_stopped.timed_out(error):
+            return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
+        return None
+
+    def _told(self, failed_at: float, grace: float) -> bool:
+        """Whether the heartbeats since a collective failed at ``failed_at`` have said all they will: ``grace`` and
+        two periods have passed, this process has fresh news of the store, and no peer whose beats stopped after
+        the failure is still short of ``grace`` (a loaded machine hears a peer's last beat late). At the latest
+        after a further peer_timeout."""
+        now = time.monotonic()
+        if now - failed_at > grace + 2 * self.period + self.peer_timeout.total_seconds():
+            return True
+        over = now - failed_at >= grace + 2 * self.period
+        return over and self.hearing.fresh(now) and not self.hearing.falling(failed_at, now)
+
+    def verdict(self, silence: float, why: str, failed: bool = False) -> str | None:
+        """The paragraph if a peer stopped the job, or (with ``failed``, after a collective failed) ended with
+        an error, or if a peer or the store has been silent for ``silence`` seconds (``why`` says what that
+        means); else None."""
+        now = time.monotonic()
+        heard = dict(self.hearing.peers)
+        if self.node and (killed := self.node.ended(killed_only=True)):
+            return why_stopped.process_ended(killed, self._tail(None))
+        for peer in heard.values():
+            if peer.beat.get("state") == "stopping":  # the same paragraph on every node, each with its own command
+                return why_stopped.with_command(peer.beat["verdict"], self.describe["command"])
+        for peer in heard.values() if failed else ():
+            if peer.beat.get("state") == "failed":
+                return why_stopped.peer_failed(peer.beat, peer.beat["error"], self._tail(None))
+        store_silent = now - self.hearing.store > silence
+        if (failed or store_silent) and self.node and (starter := self.node.starter_ended()):
+            return why_stopped.process_ended(starter, self._tail(None))
+        if store_silent:
+            zero = heard[0].beat if 0 in heard else {}
+            if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone
+                return None
+            return why_stopped.store_lost(zero, self.store_address, self.hearing.store_at, why, self._tail("node 0"))
+        if not self.hearing.fresh(now):
+            return None
+        silent = self.hearing.silent(now, silence)
+        if not silent:
+            return None
+        nodes = {peer.beat["node"] for peer in silent.values() if peer is not None}
+        whole = [node for node in sorted(nodes) if all(r in silent for r, p in heard.items() if p.beat["node"] == node)]
+        lost = " and ".join(f"node {node}" for node in whole) or None
+        return why_stopped.peers_lost(silent, {rank: peer.beat for rank, peer in heard.items()}, why, self._tail(lost))
+
+    def _tail(self, lost: str | None) -> str:
+        zero = self.hearing.peers.get(0)
+        checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
+        return why_stopped.tail(lost, self.progress(), checkpoint, self.describe["command"])
