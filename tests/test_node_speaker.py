@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import wait_for_hold
+from tests.helpers import free_port, wait_for_hold
 from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
 from training.job import node_processes
 
@@ -50,13 +50,12 @@ def orphans(monkeypatch):
 def test_once_local_rank_0_ended_the_lowest_local_rank_still_running_speaks_for_the_node(orphans):
     one, three = orphans["1"], orphans["3"]
     assert node_processes.starter_gone()
-    assert node_processes.running() == {1: one.pid, 3: three.pid}, "the worker is no local rank"
     assert not node_processes.speaks_for_node(), "local rank 1 speaks"
     one.kill()
     while not gone(one.pid):  # a zombie, not yet waited for, has ended too
         time.sleep(0.01)
-    assert node_processes.running() == {3: three.pid}
     assert node_processes.speaks_for_node()
+    assert node_processes.running() == {3: three.pid}, "the worker is no local rank"
     node_processes.end_later()
     assert three.wait() == -signal.SIGKILL
 
@@ -87,3 +86,36 @@ def test_local_ranks_0_and_1_killed_together_are_named_once_by_local_rank_2(tmp_
     assert "which started this process, ended" in paragraph
     assert f"This node had reached epoch 0, step {HOLD_STEP}." in paragraph
     assert not traces(stopped["output"])
+
+
+KILLS = 4  # each a job of its own: 2 nodes of 1 process, started by hand on this machine
+QUICK_PEER_TIMEOUT = "0:00:05"  # node 1 names the lost store this long after its collective failed
+
+
+def global_rank_0_killed(workdir: Path) -> list[str]:
+    """The output of each node of a 2-node job whose global rank 0 is killed in training."""
+    workdir.mkdir()
+    hold = workdir / "hold"
+    hold.touch()
+    args = ["--trainer.num_nodes=2", "--trainer.max_epochs=1", "--data.init_args.num_train=1024"]
+    args += ["--trainer.logger=false", f"--trainer.strategy.init_args.peer_timeout={QUICK_PEER_TIMEOUT}"]
+    args += ["--trainer.callbacks+=tests.helpers.probe.HoldAtStep", f"--trainer.callbacks.step={HOLD_STEP}"]
+    args += [f"--trainer.callbacks.hold_file={hold}"]
+    port = str(free_port())
+    nodes = [start(workdir / f"node{rank}", *args, devices=1, MASTER_PORT=port, NODE_RANK=str(rank)) for rank in (0, 1)]
+    wait_for_hold(hold, 2, nodes[0])
+    nodes[0].kill()
+    hold.unlink()
+    for node in nodes:
+        node.wait(timeout=PEER_TIMEOUT)
+    return [(workdir / f"node{rank}" / "output").read_text() for rank in (0, 1)]
+
+
+@pytest.mark.distributed
+def test_global_rank_0_killed_leaves_no_torch_trace_on_the_other_node(tmp_path):
+    for kill in range(KILLS):
+        _, other = global_rank_0_killed(tmp_path / str(kill))
+        assert not traces(other), other
+        paragraph = last_paragraph(other)
+        assert other.count("error: ") == 1, other
+        assert paragraph.startswith("error: the job lost node 0 ("), other

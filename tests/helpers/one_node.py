@@ -12,15 +12,17 @@ from tests.helpers import DDP_YAML, REPO, free_port, processes_in
 
 # Far longer than any of these runs may take to stop: only their own words may end them.
 JOIN_TIMEOUT = "0:10:00"
+# torch's C++ log lines hold their level and date, after the rank in a process group: [rank1]:[W1125 15:47:41.1234 ...
+TRACE = re.compile(r"Traceback|Exception in thread|frame #|terminate called|\[[WEF]\d{4} \d\d:\d\d:\d\d")
 
 
-def start(workdir: Path, *args: str, devices: int = 2) -> subprocess.Popen:
-    """``python cli.py fit`` with ``devices`` CPU processes in ``workdir``; the output of all of them goes to
-    workdir/output."""
+def start(workdir: Path, *args: str, devices: int = 2, **settings: str) -> subprocess.Popen:
+    """``python cli.py fit`` with ``devices`` CPU processes in ``workdir``, with environment ``settings`` (a free
+    MASTER_PORT unless given); the output of all of them goes to workdir/output."""
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"]
     command += [f"--trainer.devices={devices}", f"--trainer.strategy.init_args.join_timeout={JOIN_TIMEOUT}", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port()), **settings}
     with (workdir / "output").open("w") as output:
         return subprocess.Popen(command, cwd=workdir, env=env, stdout=output, stderr=subprocess.STDOUT)
 
@@ -72,7 +74,3 @@ def last_paragraph(output: str) -> str:
 def traces(output: str) -> list[str]:
     """The lines of a Python traceback, a thread's uncaught exception, or a C++ trace or log line of torch's."""
     return [line for line in output.splitlines() if TRACE.search(line)]
-
-
-# torch's C++ log lines hold their level and date, after the rank in a process group: [rank1]:[W1125 15:47:41.1234 ...
-TRACE = re.compile(r"Traceback|Exception in thread|frame #|terminate called|\[[WEF]\d{4} \d\d:\d\d:\d\d")

@@ -139,7 +139,7 @@ class Liveness(Verdicts):
         """Send this process's state now, waiting at most one period: a client serialises its operations, and
         the heartbeat's own may hang on a store that stopped answering."""
         client = self.client
-        if client is None or self._store_left():
+        if client is None:
             return
 
         def send() -> None:
@@ -154,7 +154,7 @@ class Liveness(Verdicts):
         keys = [f"{PREFIX}/{rank}" for rank in range(self.world_size)]
         present: list[str] = []
         while not self.stopped.is_set():
-            if self._store_left():
+            if self.node and self.node.starter_ended():  # on node 0 it held the store: no call that would fail
                 self.stopped.wait(self.period)
                 continue
             try:
@@ -169,11 +169,6 @@ class Liveness(Verdicts):
             except STORE_ERRORS:
                 self.client = None
             self.stopped.wait(self.period)
-
-    def _store_left(self) -> bool:
-        """Whether this process calls the store no more: the process that started it ended, and on node 0 it held the
-        store (a call would only fail)."""
-        return self.node is not None and bool(self.node.starter_ended())
 
     def _reconnect(self) -> Store:
         # A failed store operation makes torch print a C++ backtrace: knock on the port first, quietly.
