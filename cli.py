@@ -49,6 +49,7 @@ from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
 from training.job.node_processes import let_started_end, speaks_for_node
+from training.job.stop_signal import StopBeforeTraining
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -122,10 +123,6 @@ class CLI(LightningCLI):
     def check_start(self) -> None:
         # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
         # weights stops here, before any other process starts.
-        # From here the job's own handlers take SIGTERM (training/job/stop_signal.py, then Lightning's and
-        # training.PreemptionCheckpoint's); Lightning would call this one too, on a signal meant to stop training well.
-        if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         config = self.config[self.subcommand]
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
@@ -133,6 +130,10 @@ class CLI(LightningCLI):
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):
             self.parser.error(problem)
+        # From here the job's own handlers take SIGTERM: training/job/stop_signal.py's until training starts, then
+        # Lightning's and training.PreemptionCheckpoint's; Lightning finds the default there, and puts it back after.
+        if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
+            StopBeforeTraining(self.trainer).start(give_back=signal.SIG_DFL)
 
     before_fit = before_validate = before_test = before_predict = check_start
 
