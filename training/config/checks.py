@@ -17,6 +17,7 @@ from training.job.startup import StartupError
 from training.run.csv_logger import logger_problem
 from training.run.mlflow_logger import mlflow_problem
 from training.run.storage import storage_problem
+from training.run.writable import unwritable_problem
 
 FIX = "Fix the trainer settings in the config files or on the command line."
 
@@ -33,6 +34,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or combination_problem(settings)
         or mlflow_problem(settings)
         or logger_problem(settings)
+        or unwritable_problem(settings)
     )
 
 
