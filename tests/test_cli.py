@@ -1,6 +1,7 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import cli
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
 from training.config.checks import refused_setting
+from training.config.network import gloo_interface_problem
 from training.config.trainer_settings import devices_problem
 
 
@@ -486,6 +488,23 @@ def test_a_run_directory_this_user_may_not_write_in_stops_before_anything_starts
         "that setting another directory. Nothing was started."
     )
     assert not any(readonly.iterdir())
+
+
+def test_a_gloo_interface_this_machine_lacks_stops_before_anything_starts(run_cli, capsys, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,nosuch0")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"))
+    here = ", ".join(name for _, name in socket.if_nameindex())
+    assert err == (
+        f"error: GLOO_SOCKET_IFNAME=lo,nosuch0 is set in the environment, but this machine ({socket.gethostname()}) "
+        f"has no network interface named nosuch0; it has {here}. gloo carries the job's traffic over that interface "
+        "and cannot start without it: unset GLOO_SOCKET_IFNAME, or name the interface of the network the nodes share "
+        "(ip -br addr lists them; scripts/run_ddp_train.sh sets it from SOCKET_IFNAME or the route to MASTER_ADDR). "
+        "Nothing was started."
+    )
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert gloo_interface_problem({"trainer": {"accelerator": "cpu"}}) is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuch0")  # NCCL, which reads NCCL_SOCKET_IFNAME, carries a GPU job
+    assert gloo_interface_problem({"trainer": {"accelerator": "cuda"}}) is None
 
 
 def test_impossible_batch_size_names_the_flag(run_cli, capsys):

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.config.network import gloo_interface_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
 from training.config.trainer_settings import combination_problem, trainer_problem
@@ -35,6 +36,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or mlflow_problem(settings)
         or logger_problem(settings)
         or unwritable_problem(settings)
+        or gloo_interface_problem(settings)
     )
 
 
