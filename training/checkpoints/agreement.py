@@ -70,7 +70,7 @@ def given_settings_problem(ckpt_path: str | None, model: dict[str, Any]) -> str 
     differ = [
         f"model.init_args.{key}={value!r} is given, the checkpoint has {saved[key]!r}"
         for key, value in (model.get("init_args") or {}).items()
-        if key in saved and not isinstance(value, dict) and value != saved[key]
+        if key in saved and not isinstance(value, dict) and as_list(value) != as_list(saved[key])
     ]
     if not differ:
         return None
@@ -79,3 +79,8 @@ def given_settings_problem(ckpt_path: str | None, model: dict[str, Any]) -> str 
         "LightningCLI would build the model the checkpoint describes and drop the settings given. Leave them out to "
         "use the checkpoint's model; to train the changed model, start a new run with RUN_ID=<new id>."
     )
+
+
+def as_list(value: Any) -> Any:
+    """A tuple as a list: a checkpoint may hold as a tuple what the config gives as a list."""
+    return list(value) if isinstance(value, tuple) else value
