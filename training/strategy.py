@@ -173,7 +173,6 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
     def _join(self) -> Store:
         environment = self.cluster_environment
         host, port = environment.main_address, environment.main_port
-        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned)
         me = Member(
             node_rank=self.node_rank,
             local_rank=self.local_rank,
@@ -190,6 +189,9 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             },
         )
         try:
+            store = connect(
+                host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned
+            )
             roster = handshake(
                 store,
                 me,
@@ -202,8 +204,8 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
                 abandoned=self._abandoned,
             )
         except StartupError:
-            # The processes Lightning started on this node may still be importing: they would only wait
-            # for a store that is gone, so stop them with this one.
+            # The processes Lightning started on this node may still be importing: they would only wait for a
+            # store that is gone, or, when the port is another program's, hang in a connection to it.
             if self.launcher is not None:
                 self.launcher.kill(signal.SIGKILL)
             raise
