@@ -16,11 +16,11 @@ JOIN_TIMEOUT = "0:10:00"
 TRACE = re.compile(r"Traceback|Exception in thread|frame #|terminate called|\[[WEF]\d{4} \d\d:\d\d:\d\d")
 
 
-def start(workdir: Path, *args: str, devices: int = 2, **settings: str) -> subprocess.Popen:
-    """``python cli.py fit`` with ``devices`` CPU processes in ``workdir``, with environment ``settings`` (a free
-    MASTER_PORT unless given); the output of all of them goes to workdir/output."""
+def start(workdir: Path, *args: str, devices: int = 2, subcommand: str = "fit", **settings: str) -> subprocess.Popen:
+    """``python cli.py fit`` (or ``subcommand``) with ``devices`` CPU processes in ``workdir``, with environment
+    ``settings`` (a free MASTER_PORT unless given); the output of all of them goes to workdir/output."""
     workdir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"]
+    command = [sys.executable, str(REPO / "cli.py"), subcommand, "-c", DDP_YAML, "--trainer.accelerator=cpu"]
     command += [f"--trainer.devices={devices}", f"--trainer.strategy.init_args.join_timeout={JOIN_TIMEOUT}", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port()), **settings}
     with (workdir / "output").open("w") as output:
