@@ -41,14 +41,16 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training import DDPStrategy
+from training.checkpoints.agreement import given_settings_problem
 from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
-from training.config.links import given_links, link_data_to_model, print_config_with_links, record_links
+from training.config.links import given_links, given_model, link_data_to_model, print_config_with_links, record_links
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
 from training.job.node_processes import let_started_end, speaks_for_node
+from training.job.stop_signal import StopBeforeTraining
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -94,7 +96,10 @@ class CLI(LightningCLI):
         # Said once per node, by the process that starts the others: the run goes on.
         if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
             print(f"warning: {warning}", file=sys.stderr)
-        self.given_links = given_links(parser, args, subcommand) if subcommand else {}
+        self.given_model = given_model(parser, args, subcommand) if subcommand else {}
+        # LightningCLI builds the model a --ckpt_path file's hyperparameters describe, whatever was given instead.
+        if subcommand and (problem := given_settings_problem(self.config[subcommand].ckpt_path, self.given_model)):
+            parser.error(problem)
 
     def before_instantiate_classes(self) -> None:
         if not self.config[self.subcommand].get("config") and speaks_for_node():
@@ -107,7 +112,7 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:  # a config error: no traceback
             self.parser.error(instantiation_problem(error))
-        if problem := record_links(self.config[self.subcommand], self.datamodule, self.given_links):
+        if problem := record_links(self.config[self.subcommand], self.datamodule, given_links(self.given_model)):
             self.parser.error(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -122,10 +127,6 @@ class CLI(LightningCLI):
     def check_start(self) -> None:
         # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
         # weights stops here, before any other process starts.
-        # From here the job's own handlers take SIGTERM (training/job/stop_signal.py, then Lightning's and
-        # training.PreemptionCheckpoint's); Lightning would call this one too, on a signal meant to stop training well.
-        if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         config = self.config[self.subcommand]
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
@@ -133,6 +134,10 @@ class CLI(LightningCLI):
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):
             self.parser.error(problem)
+        # From here the job's own handlers take SIGTERM: training/job/stop_signal.py's until training starts, then
+        # Lightning's and training.PreemptionCheckpoint's; Lightning finds the default there, and puts it back after.
+        if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
+            StopBeforeTraining(self.trainer).start(give_back=signal.SIG_DFL)
 
     before_fit = before_validate = before_test = before_predict = check_start
 

@@ -1,7 +1,9 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
 import os
+import socket
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import cli
 from models import ToyModel
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in_the_run
 from training.config.checks import refused_setting
+from training.config.network import gloo_interface_problem
 from training.config.trainer_settings import devices_problem
 
 
@@ -213,6 +216,16 @@ def test_unknown_yaml_key_is_named(run_cli, capsys, tmp_path):
     bad.write_text("trainer:\n  max_epochz: 3\n")
     err = expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(bad))
     assert "trainer.max_epochz" in err
+
+
+def test_a_trainer_key_at_the_top_of_a_config_file_says_where_it_goes(run_cli, capsys, tmp_path):
+    misplaced = tmp_path / "epochs.yaml"
+    misplaced.write_text("max_epochs: 3\n")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "-c", str(misplaced)))
+    assert err == (
+        "error: Subcommand 'fit' does not accept option 'max_epochs'. max_epochs is a Trainer argument: in a config "
+        "file it goes under trainer: (indented below a line trainer:), on the command line it is --trainer.max_epochs."
+    )
 
 
 def test_unknown_model_argument_is_named(run_cli, capsys, tmp_path):
@@ -444,6 +457,54 @@ def test_a_checkpoint_directory_that_is_not_sharded_is_named(run_cli, capsys, tm
         "error: --ckpt_path checkpoints is a directory, but not a sharded checkpoint (it has no .metadata file). "
         "Give the path of a .ckpt file in it, such as checkpoints/last.ckpt."
     )
+
+
+def test_a_file_where_the_run_directory_should_be_stops_before_anything_starts(run_cli, capsys, tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "toy").write_text("not a directory\n")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML))
+    assert err == (
+        f"error: the run writes into logs/toy/default (from trainer.logger.init_args.save_dir=logs), but "
+        f"{tmp_path}/logs/toy is a file, not a directory. Move that file away, or give that setting another "
+        "directory. Nothing was started."
+    )
+    assert (tmp_path / "logs" / "toy").read_text() == "not a directory\n"
+
+
+def test_a_run_directory_this_user_may_not_write_in_stops_before_anything_starts(
+    run_cli, capsys, tmp_path, monkeypatch
+):
+    # Root writes in a directory of mode 555: the directory answers as a read-only mount (or another user's) would.
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != readonly and access(path, mode, **kw))
+    err = one_paragraph(
+        expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.logger.init_args.save_dir=readonly")
+    )
+    assert err == (
+        f"error: the run writes into readonly/toy/default (from trainer.logger.init_args.save_dir=readonly), but "
+        f"this user (uid {os.getuid()}) may not write in {readonly}. Make {readonly} writable for this user, or give "
+        "that setting another directory. Nothing was started."
+    )
+    assert not any(readonly.iterdir())
+
+
+def test_a_gloo_interface_this_machine_lacks_stops_before_anything_starts(run_cli, capsys, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,nosuch0")
+    err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"))
+    here = ", ".join(name for _, name in socket.if_nameindex())
+    assert err == (
+        f"error: GLOO_SOCKET_IFNAME=lo,nosuch0 is set in the environment, but this machine ({socket.gethostname()}) "
+        f"has no network interface named nosuch0; it has {here}. gloo carries the job's traffic over that interface "
+        "and cannot start without it: unset GLOO_SOCKET_IFNAME, or name the interface of the network the nodes share "
+        "(ip -br addr lists them; scripts/run_ddp_train.sh sets it from SOCKET_IFNAME or the route to MASTER_ADDR). "
+        "Nothing was started."
+    )
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    assert gloo_interface_problem({"trainer": {"accelerator": "cpu"}}) is None
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nosuch0")  # NCCL, which reads NCCL_SOCKET_IFNAME, carries a GPU job
+    assert gloo_interface_problem({"trainer": {"accelerator": "cuda"}}) is None
 
 
 def test_impossible_batch_size_names_the_flag(run_cli, capsys):

@@ -128,12 +128,21 @@ def test_only_global_rank_zero_talks_to_the_tracking_server(monkeypatch):
         logger.log_metrics({"train/loss": 1.0}, step=1)
 
 
-def test_mlflow_yaml_without_mlflow_names_the_requirements_file(run_cli, monkeypatch, capsys):
-    monkeypatch.setattr("training.run.mlflow_logger.find_spec", lambda name: None)
+@pytest.mark.parametrize("found", [False, True], ids=["not installed", "found but cannot be imported"])
+def test_mlflow_yaml_without_mlflow_names_the_requirements_file(run_cli, monkeypatch, capsys, tmp_path, found):
+    # A package of that name first on the path, which cannot be imported: as mlflow missing, or broken by one of its
+    # dependencies. Found or not, Lightning refuses the logger as not installed.
+    stub = tmp_path / "stub" / "mlflow"
+    stub.mkdir(parents=True)
+    reason = "No module named 'mlflow'" if not found else "cannot import name 'descriptor' from 'google.protobuf'"
+    (stub / "__init__.py").write_text(f"raise ImportError({reason!r})\n")
+    monkeypatch.syspath_prepend(str(stub.parent))
+    for name in [name for name in sys.modules if name == "mlflow" or name.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(SystemExit) as exit_info:
         fit(run_cli, "--trainer.max_epochs=1")
     assert exit_info.value.code == 2
     assert (
-        "error: trainer.logger has an MLFlowLogger (configs/mlflow.yaml), and the mlflow package is not installed: "
-        "install it with pip install -r requirements-mlflow.txt, or leave out -c configs/mlflow.yaml."
+        "error: trainer.logger has an MLFlowLogger (configs/mlflow.yaml), and the mlflow package cannot be imported "
+        f"({reason}): install it with pip install -r requirements-mlflow.txt, or leave out -c configs/mlflow.yaml."
     ) in capsys.readouterr().err

@@ -26,10 +26,11 @@ PEER_TIMEOUT = 60  # seconds, the config's
 HOLD_STEP = 3
 
 
-def start(workdir: Path, *args: str) -> subprocess.Popen:
-    """``python cli.py fit`` with 2 CPU processes in ``workdir``; its output (rank 1's too) goes to workdir/output."""
+def start(workdir: Path, *args: str, subcommand: str = "fit") -> subprocess.Popen:
+    """``python cli.py fit`` (or ``subcommand``) with 2 CPU processes in ``workdir``; its output (rank 1's too) goes to
+    workdir/output."""
     workdir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"]
+    command = [sys.executable, str(REPO / "cli.py"), subcommand, "-c", DDP_YAML, "--trainer.accelerator=cpu"]
     command += ["--trainer.devices=2", f"--trainer.strategy.init_args.join_timeout={JOIN_TIMEOUT}", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port())}
     with (workdir / "output").open("w") as output:
@@ -213,3 +214,101 @@ def test_sigterm_while_cli_imports_torch_and_lightning_stops_it_with_a_paragraph
         "training: nothing was trained and no checkpoint was written. Run the same command again to start the job."
     )
     assert not (tmp_path / "logs").exists()
+
+
+def terminated_while_held(workdir: Path, processes: int, *args: str, subcommand: str = "fit") -> dict:
+    """SIGTERM to the launching process once every process of the job holds at workdir/hold (``args`` say where);
+    then what the job left."""
+    hold = workdir / "hold"
+    hold.touch()
+    zero = start(workdir, f"--trainer.devices={processes}", *args, subcommand=subcommand)
+    try:
+        wait_for_hold(hold, processes, zero)
+        job = processes_in(workdir)
+        zero.send_signal(signal.SIGTERM)
+        zero.wait(timeout=120)
+        left = still_running(job, within=60)
+    finally:  # what a failed run left holding
+        hold.unlink(missing_ok=True)
+        for pid in processes_in(workdir):
+            os.kill(pid, signal.SIGKILL)
+    checkpoints = sorted(str(path.relative_to(workdir)) for path in workdir.rglob("*.ckpt"))
+    output = (workdir / "output").read_text()
+    return {"status": zero.returncode, "output": output, "left": left, "checkpoints": checkpoints}
+
+
+def held_while_starting(workdir: Path, at: str) -> list[str]:
+    """The options of tests.helpers.probe.HoldWhileStarting, holding at ``at``."""
+    strategy = "--trainer.strategy.class_path=tests.helpers.probe.HoldWhileStarting"
+    return [
+        strategy,
+        f"--trainer.strategy.init_args.hold_file={workdir / 'hold'}",
+        f"--trainer.strategy.init_args.at={at}",
+    ]
+
+
+def still_running(pids: list[int], within: float) -> list[int]:
+    """Those of ``pids`` still running once all have ended or ``within`` seconds have passed."""
+    deadline = time.monotonic() + within
+    while (running := [pid for pid in pids if not gone(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running
+
+
+@pytest.fixture(scope="module")
+def terminated_once_launched(tmp_path_factory):
+    """Lightning has started the node's other process: neither has begun the start-up handshake."""
+    workdir = tmp_path_factory.mktemp("launched")
+    return terminated_while_held(workdir, 2, *held_while_starting(workdir, "launched"))
+
+
+@pytest.fixture(scope="module")
+def terminated_once_set_up(tmp_path_factory):
+    """The strategy is set up (the processes joined, the model is wrapped); Lightning's handler is not there yet."""
+    workdir = tmp_path_factory.mktemp("set_up")
+    return terminated_while_held(workdir, 2, *held_while_starting(workdir, "set_up"))
+
+
+@pytest.fixture(scope="module")
+def terminated_validate_of_one_process(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("validate")
+    return terminated_while_held(workdir, 1, *held_while_starting(workdir, "set_up"), subcommand="validate")
+
+
+def assert_stopped_before_training(stopped: dict) -> None:
+    """Exit status 1, every process of the job gone, one paragraph at the end, no traceback, no checkpoint."""
+    assert stopped["status"] == 1, stopped["output"]
+    assert stopped["left"] == [], "processes of the job left running"
+    assert last_paragraph(stopped["output"]) == (
+        f"error: node 0 ({socket.gethostname()}) was stopped by a signal (SIGTERM) before training started: nothing "
+        "was trained and no checkpoint was written. Run the same command again (on every node) to start the job."
+    )
+    assert stopped["output"].count("error: ") == 1, stopped["output"]
+    assert stopped["checkpoints"] == []
+
+
+def test_sigterm_once_lightning_started_the_nodes_processes_stops_them_all_with_one_paragraph(terminated_once_launched):
+    assert_stopped_before_training(terminated_once_launched)
+
+
+def test_sigterm_after_the_strategys_setup_stops_every_process_with_one_paragraph(terminated_once_set_up):
+    assert_stopped_before_training(terminated_once_set_up)
+
+
+def test_sigterm_before_lightnings_handler_in_a_one_process_validate_stops_it_with_a_paragraph(
+    terminated_validate_of_one_process,
+):
+    assert_stopped_before_training(terminated_validate_of_one_process)
+
+
+def test_sigterm_once_the_run_has_ended_ends_the_process_as_without_the_template(tmp_path):
+    """After a run that ended well, Lightning has put back the default it found: SIGTERM ends the process (-15)
+    without a word about a start, as it would without the template."""
+    hold = [
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtTeardown",
+        f"--trainer.callbacks.hold_file={tmp_path / 'hold'}",
+    ]
+    limits = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2"]
+    ended = terminated_while_held(tmp_path, 1, *limits, "--trainer.logger=false", *hold)
+    assert ended["status"] == -signal.SIGTERM, ended["output"]
+    assert "error: " not in ended["output"] and "Traceback" not in ended["output"], ended["output"]

@@ -5,6 +5,7 @@ A failure here means an upgrade took one away: the message names the use and the
 
 import ast
 import inspect
+import signal
 from pathlib import Path
 
 import jsonargparse
@@ -19,6 +20,7 @@ from training.private_api import (
     CHECKED_WITH,
     AppendingExperimentWriter,
     attach_mlflow_run,
+    before_lightning_takes_signals,
     last_saved_step,
     logged_names,
     omegaconf_loader,
@@ -121,6 +123,50 @@ def test_lightning_still_keeps_every_name_logged_in_a_step_where_the_first_step_
         "lightning", lightning.__version__, use
     )
     assert "epoch_only" not in look.computed, "callback_metrics now holds epoch-level values at the first step"
+
+
+class SigtermAtTrainStart(Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.handler = signal.getsignal(signal.SIGTERM)
+
+
+def test_lightning_still_registers_its_signal_handlers_through_its_connector_after_the_hand_over():
+    use = "Trainer._signal_connector.register_signal_handlers, called in Trainer._run"
+    look = SigtermAtTrainStart()
+    trainer = Trainer(
+        max_steps=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[look],
+    )
+    found = signal.getsignal(signal.SIGTERM)
+    handed_over = []
+
+    def hand_over() -> None:
+        handed_over.append(signal.getsignal(signal.SIGTERM))
+        signal.signal(signal.SIGTERM, found)
+
+    def taking(signum: int, frame) -> None:
+        """What holds SIGTERM until the hand-over."""
+
+    signal.signal(signal.SIGTERM, taking)
+    try:
+        assert before_lightning_takes_signals(trainer, hand_over), moved("lightning", lightning.__version__, use)
+        trainer.fit(BoringModel())
+        after_the_run = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, found)
+    assert handed_over == [taking], moved("lightning", lightning.__version__, use)
+    assert look.handler not in (found, taking), "Lightning's handler was not registered after the hand-over"
+    assert after_the_run == found, "Lightning's teardown restored another handler than the one it found"
+
+
+def test_a_trainer_run_by_processes_its_launcher_spawns_takes_no_hand_over():
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
+    assert not before_lightning_takes_signals(trainer, print)
 
 
 def private_uses(path: Path) -> list[str]:

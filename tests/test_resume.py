@@ -10,6 +10,7 @@ import torch.distributed as dist
 import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from training.checkpoints.agreement import given_settings_problem
 from training.checkpoints.contents import counters
 from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
@@ -49,6 +50,34 @@ def test_a_checkpoint_of_another_model_stops_the_run_naming_the_difference(
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
     after = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     assert after == files, "the failed attempt left files in the run's directory"
+
+
+def test_a_checkpoint_file_of_another_model_than_the_one_given_is_refused_before_lightning_swaps_it_in(
+    run_cli, capsys, tmp_path
+):
+    # LightningCLI builds the model a --ckpt_path file's hyperparameters describe, over the class and settings given.
+    args = ["fit", "-c", DDP_YAML, *SINGLE_PROCESS, "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    run_cli(*args, "--trainer.max_epochs=1", "--model.init_args.hidden_features=16")
+    checkpoint = str(tmp_path / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt")
+    capsys.readouterr()
+    other_class = ["--model", "models.AuxHeadModel"]
+    err = fails(run_cli, capsys, *args, "--trainer.max_epochs=2", *other_class, "--ckpt_path", checkpoint)
+    assert err.strip().splitlines()[-1] == (
+        f"error: --ckpt_path {checkpoint} holds a models.ToyModel, and the config gives "
+        "model.class_path=models.AuxHeadModel: LightningCLI would build the checkpoint's models.ToyModel and drop the "
+        "model given. Give a checkpoint of models.AuxHeadModel, or --model models.ToyModel to use this one."
+    )
+    err = fails(run_cli, capsys, *args, "--model.init_args.hidden_features=64", "--ckpt_path", checkpoint)
+    assert err.strip().splitlines()[-1] == (
+        f"error: --ckpt_path {checkpoint} holds a model built with other settings than those given "
+        "(model.init_args.hidden_features=64 is given, the checkpoint has 16): LightningCLI would build the model the "
+        "checkpoint describes and drop the settings given. Leave them out to use the checkpoint's model; to train the "
+        "changed model, start a new run with RUN_ID=<new id>."
+    )
+    assert not (tmp_path / "logs" / "aux_head").exists()
+    same = {"class_path": "models.ToyModel", "init_args": {"hidden_features": 16}}
+    assert given_settings_problem(checkpoint, same) is None
+    assert given_settings_problem(checkpoint, {"class_path": "models.ToyModel"}) is None
 
 
 def fails(run_cli, capsys, *args: str) -> str:

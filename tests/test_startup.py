@@ -1,7 +1,10 @@
 """The start-up handshake: who is missing, what differs, and how fast the job says so."""
 
 import io
+import os
 import re
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -10,7 +13,7 @@ from datetime import timedelta
 import pytest
 from torch.distributed import HashStore
 
-from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, run_script
+from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, processes_in, run_script
 from training.job import join_progress
 from training.job.roster import Member
 from training.job.startup import StartupError, handshake
@@ -221,3 +224,28 @@ def test_nodes_with_different_num_nodes_fail_fast_naming_it(tmp_path):
         assert output.count("error: the job cannot start") == 1, "one paragraph per node, not one per process"
         assert "Traceback" not in output
         assert "has 2, node 1 (" in output and "has 3." in output
+
+
+@pytest.mark.distributed
+def test_a_master_port_another_program_holds_stops_every_process_of_the_node_with_one_paragraph(tmp_path):
+    # A program that listens on MASTER_PORT and never answers as the job's store would: the process Lightning
+    # started beside rank 0 reaches it and would wait in a connection to it after rank 0 stopped.
+    output = tmp_path / "output"
+    with socket.create_server(("", 0)) as holder, output.open("w") as sink:
+        port = holder.getsockname()[1]
+        rank_zero = subprocess.Popen(
+            [sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(port)},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+        assert rank_zero.wait(timeout=300) == 1
+        left = processes_in(tmp_path)
+    assert not left, f"processes {left} of the job outlived it"
+    text = output.read_text()
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"error: global rank 0 cannot listen on 127.0.0.1:{port}: ") and "EADDRINUSE" in last
+    assert last.endswith("stop it, or choose another MASTER_PORT on every node.")
+    assert "Traceback" not in text and "TCPStore.cpp" not in text
+    assert not (tmp_path / "logs").exists()

@@ -15,7 +15,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.strategies.launchers import subprocess_script
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, subprocess_script
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 
@@ -90,6 +90,29 @@ def watch_started_processes(watch: Callable[[list[subprocess.Popen]], None]) -> 
     has no setting for it: it calls the function by its name in the launcher's module.
     """
     subprocess_script._launch_process_observer = watch
+
+
+def before_lightning_takes_signals(trainer: Trainer, hand_over: Callable[[], None]) -> bool:
+    """Have ``trainer`` call ``hand_over`` just before it registers its own signal handlers; False, and nothing
+    arranged, where the run happens in processes the launcher hands the trainer to (``ddp_spawn``, ``ddp_fork``).
+
+    training/job/stop_signal.py holds SIGTERM from the CLI's checks until then and gives back the handler it found,
+    which Lightning saves and restores after the run as it would without it. Lightning registers its handlers in
+    ``Trainer._run`` once the module is set up and the checkpoint restored, through ``trainer._signal_connector``,
+    with no hook there; only its subprocess-script launcher (DDP's default) runs the trainer in the launching process.
+    """
+    launcher = trainer.strategy.launcher
+    if launcher is not None and not isinstance(launcher, _SubprocessScriptLauncher):
+        return False
+    connector = trainer._signal_connector
+
+    def registering() -> None:
+        del connector.register_signal_handlers  # Lightning's own method again
+        hand_over()
+        connector.register_signal_handlers()
+
+    connector.register_signal_handlers = registering
+    return True
 
 
 class AppendingExperimentWriter(ExperimentWriter):

@@ -32,7 +32,6 @@ from training.job.node_processes import NodeProcesses
 from training.job.process_group import leave_process_group
 from training.job.roster import Member
 from training.job.startup import StartupError, handshake
-from training.job.stop_signal import StopBeforeTraining
 from training.job.store import connect
 from training.private_api import watch_started_processes
 
@@ -86,7 +85,6 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         if self.local_rank_given is None:
             node_processes.mark_as_starter()
         watch_started_processes(node_processes.watch)
-        self.stop_before_training = StopBeforeTraining()
         self.wrapper: Callable[[], Any] = lambda: None  # the DDP wrapper, while it lives
 
     @property
@@ -105,7 +103,6 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         # The process group starts on the handshake's store; Lightning's own setup then finds it started.
         self.set_world_ranks()
         if self.world_size > 1 and not dist.is_initialized():
-            self.stop_before_training.start(self._where, self._pass_on)
             backend = self.process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
             store = self._join()
             # Before the process group forms: a process that dies while the others wait for it there is named
@@ -138,7 +135,6 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         self.wrapper = weakref.ref(self.model)
 
     def teardown(self) -> None:
-        self.stop_before_training.end()
         if self.liveness is not None:
             self.liveness.stop()
             self.liveness = None
@@ -173,12 +169,10 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         if problem := loads_problem(everyone, trainer.ckpt_path):
             raise StartupError(problem)
         super().setup(trainer)
-        self.stop_before_training.end()
 
     def _join(self) -> Store:
         environment = self.cluster_environment
         host, port = environment.main_address, environment.main_port
-        store = connect(host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned)
         me = Member(
             node_rank=self.node_rank,
             local_rank=self.local_rank,
@@ -195,6 +189,9 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             },
         )
         try:
+            store = connect(
+                host, port, self.global_rank == 0, self.join_timeout, f"node {self.node_rank}", self._abandoned
+            )
             roster = handshake(
                 store,
                 me,
@@ -207,18 +204,14 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
                 abandoned=self._abandoned,
             )
         except StartupError:
-            # The processes Lightning started on this node may still be importing: they would only wait
-            # for a store that is gone, so stop them with this one.
+            # The processes Lightning started on this node may still be importing: they would only wait for a
+            # store that is gone, or, when the port is another program's, hang in a connection to it.
             if self.launcher is not None:
                 self.launcher.kill(signal.SIGKILL)
             raise
         hosts = dict.fromkeys(member.where for member in roster.members)
         rank_zero_info(f"All {len(roster.members)} processes joined: {', '.join(hosts)}")
         return store
-
-    def _pass_on(self, signum: int) -> None:
-        if self.launcher is not None:  # to the processes it started on this node
-            self.launcher.kill(signum)
 
     def _where(self) -> str:
         return f"node {self.node_rank} ({socket.gethostname()})"

@@ -6,12 +6,14 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 
+from training import DDPStrategy
 from training.checkpoints.atomic_io import AtomicCheckpointIO
 
 
@@ -170,6 +172,52 @@ class HoldAtStep(Callback):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+
+class HoldWhileStarting(DDPStrategy):
+    """training.DDPStrategy holding every process of the job at a point of its start, so a test can signal it there
+    however fast the machine starts: ``at="launched"`` once Lightning has started the node's processes, before the
+    start-up handshake; ``at="set_up"`` once the strategy is set up (checkpoint loaded, model wrapped), before
+    Lightning registers its signal handlers.
+
+    Each process writes ``<hold_file>.rank<N>`` (N its local rank) when it holds, then waits until ``hold_file`` is
+    gone.
+    """
+
+    def __init__(self, *args, hold_file: str, at: Literal["launched", "set_up"] = "launched", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold_file = Path(hold_file)
+        self.at = at
+
+    def setup_environment(self) -> None:
+        if self.at == "launched":
+            self.hold()
+        super().setup_environment()
+
+    def setup(self, trainer: Trainer) -> None:
+        super().setup(trainer)
+        if self.at == "set_up":
+            self.hold()
+
+    def hold(self) -> None:
+        hold_while(self.hold_file, self.local_rank)
+
+
+class HoldAtTeardown(Callback):
+    """Holds every process in the ``teardown`` hook of a run that ended well, where Lightning has put back the signal
+    handlers it found: writes ``<hold_file>.rank<N>`` (N its local rank), then waits until ``hold_file`` is gone."""
+
+    def __init__(self, hold_file: str) -> None:
+        self.hold_file = Path(hold_file)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        hold_while(self.hold_file, trainer.local_rank)
+
+
+def hold_while(hold_file: Path, local_rank: int) -> None:
+    Path(f"{hold_file}.rank{local_rank}").touch()
+    while hold_file.exists():
+        time.sleep(0.02)
 
 
 class HoldInSave(Callback):

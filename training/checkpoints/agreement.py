@@ -2,6 +2,9 @@
 0's weights to the others: each process resolved ``ckpt_path`` (``last`` included) on its own filesystem, and a
 process that stopped alone on a checkpoint it cannot load would leave the others waiting in a collective."""
 
+import os
+from typing import Any
+
 import torch
 
 from training.job.roster import FIXES
@@ -40,3 +43,44 @@ def model_mismatch(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor
         if keys
     ]
     return "; ".join(parts)
+
+
+def given_settings_problem(ckpt_path: str | None, model: dict[str, Any]) -> str | None:
+    """The paragraph when the model settings given (``model``: its class_path and init_args, as given in the config
+    files and on the command line) differ from the hyperparameters of the checkpoint file ``ckpt_path``, or None.
+
+    LightningCLI builds the model from a checkpoint file's hyperparameters (its class included) over what the config
+    gives: another class or other settings given for it would be dropped without a word, and the run would train or
+    evaluate the checkpoint's model instead of the one asked for.
+    """
+    if not ckpt_path or not os.path.isfile(ckpt_path) or not model:
+        return None
+    try:
+        saved = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}
+    except Exception:  # not a checkpoint: the checks of its contents name what is wrong with it
+        return None
+    given_class = model.get("class_path")
+    saved_class = saved.get("_class_path")
+    if saved_class and given_class and saved_class != given_class:
+        return (
+            f"--ckpt_path {ckpt_path} holds a {saved_class}, and the config gives model.class_path={given_class}: "
+            f"LightningCLI would build the checkpoint's {saved_class} and drop the model given. Give a checkpoint of "
+            f"{given_class}, or --model {saved_class} to use this one."
+        )
+    differ = [
+        f"model.init_args.{key}={value!r} is given, the checkpoint has {saved[key]!r}"
+        for key, value in (model.get("init_args") or {}).items()
+        if key in saved and not isinstance(value, dict) and as_list(value) != as_list(saved[key])
+    ]
+    if not differ:
+        return None
+    return (
+        f"--ckpt_path {ckpt_path} holds a model built with other settings than those given ({'; '.join(differ)}): "
+        "LightningCLI would build the model the checkpoint describes and drop the settings given. Leave them out to "
+        "use the checkpoint's model; to train the changed model, start a new run with RUN_ID=<new id>."
+    )
+
+
+def as_list(value: Any) -> Any:
+    """A tuple as a list: a checkpoint may hold as a tuple what the config gives as a list."""
+    return list(value) if isinstance(value, tuple) else value

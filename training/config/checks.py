@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.config.network import gloo_interface_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
 from training.config.trainer_settings import combination_problem, trainer_problem
@@ -17,6 +18,7 @@ from training.job.startup import StartupError
 from training.run.csv_logger import logger_problem
 from training.run.mlflow_logger import mlflow_problem
 from training.run.storage import storage_problem
+from training.run.writable import unwritable_problem
 
 FIX = "Fix the trainer settings in the config files or on the command line."
 
@@ -33,6 +35,8 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or combination_problem(settings)
         or mlflow_problem(settings)
         or logger_problem(settings)
+        or unwritable_problem(settings)
+        or gloo_interface_problem(settings)
     )
 
 

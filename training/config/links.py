@@ -34,10 +34,10 @@ def link_data_to_model(parser: ArgumentParser) -> None:
         parser.link_arguments(f"data.{source}", f"model.init_args.{target}", apply_on="instantiate")
 
 
-def given_links(parser: ArgumentParser, args: Any, subcommand: str) -> dict[str, Any]:
-    """The linked model arguments that ``args`` (the command line, with its config files) gives a value:
-    ``{argument: value}``. A parse without defaults holds only what was given (jsonargparse fills in a class's own
-    defaults otherwise)."""
+def given_model(parser: ArgumentParser, args: Any, subcommand: str) -> dict[str, Any]:
+    """The model section as ``args`` (the command line, with its config files) gives it: its ``class_path`` and the
+    ``init_args`` given a value, as a dict. A parse without defaults holds only what was given (jsonargparse fills in
+    a class's own defaults otherwise)."""
     exit_on_error, parser.exit_on_error = parser.exit_on_error, False
     try:
         if isinstance(args, dict | Namespace):
@@ -48,8 +48,14 @@ def given_links(parser: ArgumentParser, args: Any, subcommand: str) -> dict[str,
         return {}
     finally:
         parser.exit_on_error = exit_on_error
-    init_args = given.get(f"{subcommand}.model.init_args")
-    return {target: init_args[target] for target in LINKS.values() if init_args and target in init_args}
+    model = given.get(f"{subcommand}.model")
+    return model.as_dict() if isinstance(model, Namespace) else {}
+
+
+def given_links(model: dict[str, Any]) -> dict[str, Any]:
+    """The linked arguments that ``model`` (as ``given_model`` returns it) gives a value: ``{argument: value}``."""
+    init_args = model.get("init_args") or {}
+    return {target: init_args[target] for target in LINKS.values() if target in init_args}
 
 
 def linked_values(config: Namespace, datamodule: Any) -> dict[str, Any]:
@@ -135,7 +141,7 @@ def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> N
             )
         return
     linked = linked_values(config[subcommand], datamodule)
-    if problem := link_problem(given_links(parser, rest, subcommand), linked, config[subcommand]):
+    if problem := link_problem(given_links(given_model(parser, rest, subcommand)), linked, config[subcommand]):
         parser.error(problem)
     values = [f"--model.init_args.{target}={json.dumps(value)}" for target, value in linked.items()]
     parser.parse_args([*rest, *values, *(arg for arg in args if PRINT_CONFIG.fullmatch(arg))])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 from omegaconf.errors import OmegaConfBaseException
 
@@ -41,6 +42,8 @@ SPEC_VALUE = re.compile(r" Got value: (\{|\[\{|\[Namespace\(|Namespace\(|NestedA
 REJECTED = re.compile(r'Parser key "([\w.]+)":.*?(?:Got|Given) value: ([^\n]*)', re.DOTALL)
 CLASS_PATH = re.compile(r"class_path[ =]'([\w.]+)'")
 UNKNOWN = re.compile(r"Option '(\w+)' is not accepted")
+# A key at the top of a config file that belongs one level down, such as max_epochs under trainer.
+TOP_LEVEL = re.compile(r"Subcommand '\w+' does not accept option '(\w+)'")
 MISSING_FILE = re.compile(r"File does not exist: '([^']+)'")
 MODULES_REQUIRED = re.compile(r"arguments are required: (\w+\.)?(model|data)\b")
 # The files in configs/ other than ddp.yaml add to it; given alone they lack what it declares.
@@ -121,6 +124,12 @@ def concise(message: str) -> str:
     for module, name in dict.fromkeys(MISSING_CLASS.findall(message)):
         if closest := closest_class(module, name):
             hints[name] = f"Closest to '{name}' in {module}: {closest}."
+    for key in dict.fromkeys(TOP_LEVEL.findall(message)):
+        if key in inspect.signature(Trainer.__init__).parameters:
+            hints[key] = (
+                f"{key} is a Trainer argument: in a config file it goes under trainer: (indented below a line "
+                f"trainer:), on the command line it is --trainer.{key}."
+            )
     for path in dict.fromkeys(MISSING_FILE.findall(message)):
         if closest := closest_file(path):
             hints[path] = f"Did you mean {closest}?"

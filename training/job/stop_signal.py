@@ -1,38 +1,50 @@
 """SIGTERM while a job starts: one paragraph and exit status 1, instead of an end without a word (exit -15).
 
-From the start-up handshake until training starts, when Lightning's handler and training.PreemptionCheckpoint's
-take over (they stop every rank after the same batch with last.ckpt saved).
+cli.py takes SIGTERM from its first line until the run's checks have passed; from there this handler takes it in
+every process of the job until Lightning registers its own, just before training (or validation, testing,
+prediction) starts: while Lightning starts the node's other processes, through the start-up handshake, the module's
+setup and configure_model hooks and the restore of a checkpoint. Lightning's handler and
+training.PreemptionCheckpoint's then stop every rank after the same batch with last.ckpt saved.
 """
 
 import signal
-import threading
-from collections.abc import Callable
+import socket
 from typing import Any
 
+from lightning.pytorch import Trainer
+
 from training.job.startup import Stopped
+from training.private_api import before_lightning_takes_signals
 
 
 class StopBeforeTraining:
-    """Raises ``Stopped`` in the main thread on SIGTERM, after passing the signal on with ``pass_on`` (the processes
-    Lightning started on this node); ``where`` names this node."""
+    """On SIGTERM before ``trainer`` takes it, passes the signal on to the processes Lightning started on this node
+    and raises ``Stopped`` in the main thread: cli.py prints it once per node and exits with status 1."""
 
-    def __init__(self) -> None:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
         self.previous: Any = None
 
-    def start(self, where: Callable[[], str], pass_on: Callable[[int], None]) -> None:
-        if threading.current_thread() is not threading.main_thread():
+    def start(self, give_back: Any) -> None:
+        """Take SIGTERM until ``trainer`` registers its own handler, which then finds ``give_back``; where the run
+        happens in processes of the launcher's own (``ddp_spawn``), ``give_back`` takes it at once."""
+        taken = before_lightning_takes_signals(self.trainer, self.end)
+        self.previous = give_back if taken else None
+        signal.signal(signal.SIGTERM, self.stop if taken else give_back)
+
+    def stop(self, signum: int, frame: Any) -> None:
+        self.end()  # a second signal is not caught
+        if self.trainer.interrupted:  # the run already stops on an error, with its own words: the signal ends it
+            signal.raise_signal(signum)
             return
-
-        def stop(signum: int, frame: Any) -> None:
-            self.end()  # a second signal is not caught
-            pass_on(signum)
-            raise Stopped(
-                f"{where()} was stopped by a signal ({signal.Signals(signum).name}) before training started: nothing "
-                "was trained and no checkpoint was written. Run the same command again (on every node) to start "
-                "the job."
-            )
-
-        self.previous = signal.signal(signal.SIGTERM, stop)
+        launcher = self.trainer.strategy.launcher
+        if launcher is not None:  # the processes it started on this node
+            launcher.kill(signum)
+        raise Stopped(
+            f"node {self.trainer.node_rank} ({socket.gethostname()}) was stopped by a signal "
+            f"({signal.Signals(signum).name}) before training started: nothing was trained and no checkpoint was "
+            "written. Run the same command again (on every node) to start the job."
+        )
 
     def end(self) -> None:
         """Give SIGTERM back to the handler it had before."""

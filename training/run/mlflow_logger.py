@@ -1,8 +1,8 @@
 """MLflow beside TensorBoard (configs/mlflow.yaml): one MLflow run per run id, however often the run restarts."""
 
+import importlib
 from argparse import Namespace
 from collections.abc import Mapping
-from importlib.util import find_spec
 from typing import Any
 from urllib.parse import urlparse
 
@@ -16,8 +16,8 @@ from training.private_api import attach_mlflow_run
 from training.run.storage import shown
 
 MISSING = (
-    "trainer.logger has an MLFlowLogger (configs/mlflow.yaml), and the mlflow package is not installed: install it "
-    "with pip install -r requirements-mlflow.txt, or leave out -c configs/mlflow.yaml."
+    "trainer.logger has an MLFlowLogger (configs/mlflow.yaml), and the mlflow package cannot be imported ({error}): "
+    "install it with pip install -r requirements-mlflow.txt, or leave out -c configs/mlflow.yaml."
 )
 # The tag that names the template's run (RUN_ID) on its MLflow run: a restart looks the MLflow run up by it.
 RUN_TAG = "RUN_ID"
@@ -51,8 +51,8 @@ class MLFlowLogger(LightningMLFlowLogger):
         tags: dict[str, Any] | None = None,
         timeout: float = 10.0,
     ) -> None:
-        if find_spec("mlflow") is None:
-            raise ModuleNotFoundError(MISSING)
+        if missing := missing_mlflow():
+            raise ModuleNotFoundError(missing)
         super().__init__(
             experiment_name=experiment_name or "lightning_logs", run_name=run_name, tracking_uri=tracking_uri
         )
@@ -158,4 +158,15 @@ def mlflow_problem(settings: dict[str, Any]) -> str | None:
         for logger in (loggers if isinstance(loggers, list) else [loggers])
         if isinstance(logger, dict)
     ]
-    return MISSING if any(name.endswith("MLFlowLogger") for name in named) and find_spec("mlflow") is None else None
+    return missing_mlflow() if any(name.endswith("MLFlowLogger") for name in named) else None
+
+
+def missing_mlflow() -> str | None:
+    """The paragraph when mlflow cannot be imported (not installed, or broken), or None. An import, not a look for
+    the package: Lightning's MLFlowLogger imports it in every process to find out (requirements-mlflow.txt installs
+    mlflow-skinny, whose metadata Lightning does not know), and refuses a broken one as not installed."""
+    try:
+        importlib.import_module("mlflow")
+    except ImportError as error:
+        return MISSING.format(error=error)
+    return None

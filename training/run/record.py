@@ -29,8 +29,7 @@ def name_the_logger(config: Namespace, subcommand: str) -> None:
     not among them. ``sub_dir: null`` becomes the subcommand for validate, test and predict: their curves are a
     TensorBoard run of their own (``<run>/validate``), apart from the training curves of the run.
     """
-    model = config.model.class_path.rsplit(".", 1)[-1] if isinstance(config.model, Namespace) else "model"
-    named = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+    named = logger_name(config.model.class_path if isinstance(config.model, Namespace) else None)
     loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
     for logger in loggers:
         if not isinstance(logger, Namespace) or not isinstance(logger.get("init_args"), Namespace):
@@ -40,6 +39,12 @@ def name_the_logger(config: Namespace, subcommand: str) -> None:
                 logger.init_args[key] = named
         if "sub_dir" in logger.init_args and logger.init_args.sub_dir is None and subcommand in EVALUATIONS:
             logger.init_args.sub_dir = subcommand
+
+
+def logger_name(model_class_path: str | None) -> str:
+    """The name a logger given ``name: null`` gets: the model class in snake case without a trailing ``Model``."""
+    model = model_class_path.rsplit(".", 1)[-1] if model_class_path else "model"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
 
 
 def run_directory(trainer: Trainer) -> str | None:
