@@ -1,12 +1,10 @@
 """last.ckpt is the run's latest state whatever the monitored metric does, while the best checkpoint keeps its own
-rule: a 2-process run whose validation loss never improves after epoch 0, the same command again, then validate; a run
-that checkpoints every N steps; a model without validation."""
+rule: a run that checkpoints every N steps; a model without validation. A 2-process run whose metric never improves
+after epoch 0, the same command again and validate are tests/test_zoo_monitoring.py's saturating run."""
 
-import io
 import warnings
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -14,10 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from models import ToyModel
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script
-
-STEPS = 4  # optimizer steps per epoch
-EPOCHS = 3
+from tests.helpers import DDP_YAML, SINGLE_PROCESS
 
 
 class Plateau(ToyModel):
@@ -28,65 +23,8 @@ class Plateau(ToyModel):
         self.log("val/loss", 1.0, sync_dist=True)
 
 
-def load(source: Path | bytes) -> dict:
-    return torch.load(
-        io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu", weights_only=True
-    )
-
-
-@pytest.fixture(scope="module")
-def plateau(tmp_path_factory):
-    """A 3-epoch run of Plateau in 2 processes, the same command run again, and validate with the config's ckpt_path
-    (last): the run's checkpoint directory, its files as the first command left them, and each command's output."""
-    workdir = tmp_path_factory.mktemp("plateau")
-    common = ["-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.limit_val_batches=2"]
-    fit = [*common, f"--trainer.max_epochs={EPOCHS}", f"--trainer.limit_train_batches={STEPS}"]
-    outputs = []
-    for subcommand, args in (("fit", fit), ("fit", fit), ("validate", common)):
-        result = run_script(
-            [str(REPO / "cli.py"), subcommand, *args, "--model=tests.test_last_checkpoint.Plateau"], workdir
-        )
-        outputs.append(result.stdout + result.stderr)
-        assert result.returncode == 0, outputs[-1]
-        if len(outputs) == 1:
-            checkpoints = workdir / "logs" / "plateau" / "default" / "checkpoints"
-            files = {path.name: path.read_bytes() for path in checkpoints.iterdir()}
-    return checkpoints, files, outputs
-
-
-@pytest.mark.distributed
-def test_last_ckpt_holds_the_final_epoch_although_the_metric_stopped_improving(plateau):
-    _, files, _ = plateau
-    last = load(files["last.ckpt"])
-    assert (last["epoch"], last["global_step"]) == (EPOCHS - 1, EPOCHS * STEPS)
-
-
-@pytest.mark.distributed
-def test_the_best_checkpoint_stays_at_the_epoch_it_was_best(plateau):
-    _, files, _ = plateau
-    assert sorted(files) == ["epoch000-val_loss1.0000.ckpt", "last.ckpt"]
-    best, last = load(files["epoch000-val_loss1.0000.ckpt"]), load(files["last.ckpt"])
-    assert (best["epoch"], best["global_step"]) == (0, STEPS)
-    weight = "net.0.weight"
-    assert not torch.equal(best["state_dict"][weight], last["state_dict"][weight]), "the weights trained on"
-    # A run resumed from last.ckpt knows its best checkpoint, and replaces it when a better one comes.
-    [kept] = [state for key, state in last["callbacks"].items() if key.startswith("ModelCheckpoint")]
-    assert Path(kept["best_model_path"]).name == "epoch000-val_loss1.0000.ckpt"
-
-
-@pytest.mark.distributed
-def test_the_same_command_again_trains_nothing_and_leaves_the_checkpoints(plateau):
-    checkpoints, files, (_, again, _) = plateau
-    assert f"Resuming from {checkpoints / 'last.ckpt'} (epoch {EPOCHS - 1}, step {EPOCHS * STEPS})" in again
-    assert "Nothing to train: the run in" in again
-    assert {path.name: path.read_bytes() for path in checkpoints.iterdir()} == files
-
-
-@pytest.mark.distributed
-def test_validate_uses_the_last_weights(plateau):
-    checkpoints, _, (_, _, validated) = plateau
-    last = checkpoints / "last.ckpt"
-    assert f"Validating with the weights of {last} (epoch {EPOCHS - 1}, step {EPOCHS * STEPS})" in validated
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def test_every_n_train_steps_writes_last_ckpt_at_those_steps_and_at_each_epochs_end(run_cli, tmp_path):

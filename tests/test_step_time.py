@@ -1,7 +1,7 @@
 """training.StepTime: where each step's time goes on every node, the slow node named, the scaling summary.
 
-The two-host jobs share one run per case: node 1's data loader slowed (tests.helpers.probe.SlowLoader), and both
-loaders slowed alike, so that the steps are long beside a busy machine's noise and no node is slower than another.
+The two-host jobs share one run per case: node 1's data loader slowed (tests.helpers.probe.SlowLoader), and the
+same job with nothing slowed, whose nodes differ by what a machine busy with other work makes of them.
 """
 
 import json
@@ -31,7 +31,7 @@ STEP_SHARE = re.compile(r"trained ([\d,.]+) samples/s, ([\d,.]+) per process; of
 
 def two_host_job(tmp_path_factory, hosts: list[dict], slowed: str, port: str) -> dict:
     """One process on each host, trained for BATCHES batches; the nodes in ``slowed`` wait PACE per batch. Each
-    node's own copy of configs/ddp.yaml shortens StepTime's window, as a user would edit it."""
+    node's own copy of configs/ddp.yaml shortens StepTime's window, as a user would edit it; its thresholds stay."""
     root = tmp_path_factory.mktemp("step_time")
     nodes = [copy_project(root / f"node{rank}") for rank in range(2)]
     for node in nodes:
@@ -67,8 +67,8 @@ def slow_node_job(tmp_path_factory, two_hosts_for_module):
 
 
 @pytest.fixture(scope="module")
-def even_job(tmp_path_factory, two_hosts_for_module):
-    return two_host_job(tmp_path_factory, two_hosts_for_module, "[0, 1]", "29501")
+def unslowed_job(tmp_path_factory, two_hosts_for_module):
+    return two_host_job(tmp_path_factory, two_hosts_for_module, "[]", "29501")
 
 
 def timing_scalars(run) -> dict[str, list[float]]:
@@ -124,10 +124,13 @@ def test_every_node_ends_with_a_scaling_summary(slow_node_job):
 
 
 @pytest.mark.distributed
-def test_nodes_at_the_same_pace_name_no_slow_node(even_job):
-    for output in even_job["outputs"]:
+def test_the_same_job_with_nothing_slowed_names_no_slow_node(unslowed_job):
+    for output in unslowed_job["outputs"]:
         assert "is the slow node" not in output
         assert "Scaling summary: 2 processes on 2 nodes" in output
+    # Every node's figures of every interval reached the watch: it judged every full window of the run.
+    scalars = timing_scalars(unslowed_job["run"])
+    assert [len(scalars[f"timing/node{node}/step_ms"]) for node in (0, 1)] == [BATCHES // LOG_EVERY] * 2
 
 
 def test_the_parts_of_a_step_add_up_to_its_time_and_the_wait_is_clipped_to_it():
@@ -196,7 +199,7 @@ def figures(slow: dict[str, float], fast: dict[str, float]) -> dict[int, dict[st
 
 
 def test_a_slow_node_is_named_once_per_episode_after_a_whole_window():
-    watch = SlowNodeWatch(window=6, slower_by=1.5, min_share=0.2)
+    watch = SlowNodeWatch(window=6, slower_by=1.5, min_share=0.2, min_ms=10)
     slow = figures({"data": 50.0}, {"collective": 49.0})
     assert [watch.add(2, slow) for _ in range(2)] == [None, None]  # 4 steps: the window is not full yet
     finding = watch.add(2, slow)
@@ -210,7 +213,7 @@ def test_a_slow_node_is_named_once_per_episode_after_a_whole_window():
 
 
 def test_compute_slowness_is_named_with_what_the_others_wait():
-    watch = SlowNodeWatch(window=2, slower_by=1.5, min_share=0.2)
+    watch = SlowNodeWatch(window=2, slower_by=1.5, min_share=0.2, min_ms=10)
     finding = watch.add(2, figures({"compute": 30.0}, {"collective": 20.0}))
     assert (finding.node, finding.part, finding.waiting, finding.others_step) == (1, "compute", 20.0, 31.0)
     text = paragraph(finding, {0: Node(0, "a", "10.0.0.1"), 1: Node(1, "gpu-b", "10.0.0.2")})
@@ -224,16 +227,17 @@ def test_compute_slowness_is_named_with_what_the_others_wait():
     [
         ({"compute": 14.0}, "1.4 times the others' compute: below slower_by"),
         ({"data": 3.5}, "3.5 times the others' data, but 2.5 ms of a 13.5 ms step: below min_share"),
+        ({"data": 9.0}, "9 times the others' data and 8 ms of a 19 ms step (over min_share), but below min_ms"),
         ({}, "the same pace"),
     ],
 )
 def test_nodes_within_the_thresholds_name_nobody(slow, why):
-    watch = SlowNodeWatch(window=2, slower_by=1.5, min_share=0.2)
+    watch = SlowNodeWatch(window=2, slower_by=1.5, min_share=0.2, min_ms=10)
     assert watch.add(2, figures(slow, {})) is None, why
 
 
 def test_one_node_alone_has_nobody_to_be_slower_than():
-    watch = SlowNodeWatch(window=1, slower_by=1.5, min_share=0.2)
+    watch = SlowNodeWatch(window=1, slower_by=1.5, min_share=0.2, min_ms=10)
     assert watch.add(1, {0: {"data": 90.0, "compute": 1.0, "collective": 0.0, "step": 91.0}}) is None
 
 
@@ -272,6 +276,7 @@ def test_one_process_logs_its_figures_beside_the_training_loss_and_ends_with_a_s
         ("--trainer.callbacks.window=0", "training.StepTime's window must be at least 1 step, got 0: set it in"),
         ("--trainer.callbacks.slower_by=0.5", "training.StepTime's slower_by must be at least 1, got 0.5: set it in"),
         ("--trainer.callbacks.min_share=1", "training.StepTime's min_share must be from 0 to below 1, got 1.0: set"),
+        ("--trainer.callbacks.min_ms=-1", "training.StepTime's min_ms must be 0 or more, got -1.0: set it in"),
     ],
 )
 def test_settings_out_of_range_are_refused_naming_them(setting, message, run_cli, capsys):

@@ -1,6 +1,8 @@
 """The zoo's modules that differ in what they give checkpointing to watch, each run as a user would: 2-process jobs
 of ``cli.py -c configs/ddp.yaml --model ... --data ...`` (fit, the same command again, validate, predict), set beside
-plain LightningCLI on the same module.
+plain LightningCLI on the same module. The same command again and validate run in one process where a second would
+change nothing they check (that nothing is trained, which weights are used); the saturating run's same command again
+stays in two. A module without validation is tests/test_zoo_optimization.py's GAN.
 
 - tests.zoo.PlateauClassifier logs ``val_loss`` (not the template's ``val/loss``) and steps a ReduceLROnPlateau on
   it: ``--monitor val_loss`` makes checkpointing watch it and name the best checkpoint by it. Its run logs with
@@ -9,9 +11,9 @@ plain LightningCLI on the same module.
   writes a new version per command; the template keeps one run directory, where Lightning's CSVLogger would delete
   metrics.csv, so it takes its own.
 - tests.zoo.SaturatingClassifier: its ``val/acc`` (``--monitor val/acc --monitor_mode max``) reaches 1.0 in the
-  first epoch and never improves: the best checkpoint stays there, last.ckpt follows the run to its end.
-- tests.zoo.NoValidation has no validation at all: it trains and keeps last.ckpt; validate is refused as plain
-  LightningCLI refuses it, in one paragraph instead of a traceback.
+  first epoch and never improves: the best checkpoint stays there, last.ckpt follows the run to its end, and the same
+  command again leaves both as they were. This run is where the suite proves that rule of last.ckpt in 2 processes
+  (tests/test_last_checkpoint.py proves the rest in one).
 """
 
 import csv
@@ -20,14 +22,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from tests.helpers import DDP_YAML, cli_job, job_output, plain_lightning_cli, plain_predictions, succeeded
+from tests.helpers import (
+    DDP_YAML,
+    SINGLE_PROCESS,
+    cli_job,
+    plain_predictions,
+    succeeded,
+)
 from training.checkpoints.contents import counters
 
 PLATEAU = ["--model", "tests.zoo.PlateauClassifier", "--data", "tests.zoo.Blobs"]
 SATURATING = ["--model", "tests.zoo.SaturatingClassifier", "--data", "tests.zoo.Blobs"]
-NO_VALIDATION = ["--model", "tests.zoo.NoValidation", "--data", "tests.zoo.TrainOnlyBlobs"]
+EPOCHS = 3  # of the saturating run
+BATCHES_PER_EPOCH = 4  # tests.zoo.Blobs: 64 training points, 8 per batch, 2 processes
 
 
 def csv_rows(run: Path) -> list[tuple]:
@@ -72,9 +80,9 @@ def plateau(tmp_path_factory):
     flags = ["-c", DDP_YAML, *PLATEAU, "--monitor", "val_loss", "--trainer.logger=training.CSVLogger"]
     commands = {
         "fit": ["fit", *flags, "--trainer.max_epochs=2"],
-        "again": ["fit", *flags, "--trainer.max_epochs=2"],
+        "again": ["fit", *flags, "--trainer.max_epochs=2", *SINGLE_PROCESS],
         "more": ["fit", *flags, "--trainer.max_epochs=3"],
-        "validate": ["validate", *flags],
+        "validate": ["validate", *flags, *SINGLE_PROCESS],
         "predict": ["predict", *flags],
     }
     results, rows, schedulers = {}, {}, {}
@@ -147,15 +155,19 @@ def saturating(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("saturating")
     run = workdir / "logs" / "saturating_classifier" / "saturating"
     flags = ["-c", DDP_YAML, *SATURATING, "--monitor", "val/acc", "--monitor_mode", "max"]
-    fit = cli_job(workdir, "saturating", "fit", *flags, "--trainer.max_epochs=3")
-    # As the fit left them: a later attempt may write last.ckpt again.
-    checkpoints = {path.name: counters(path) for path in (run / "checkpoints").glob("*.ckpt")}
+    fit = cli_job(workdir, "saturating", "fit", *flags, f"--trainer.max_epochs={EPOCHS}")
+    # As the fit left them, and as the same command again left them.
+    files = {path.name: path.read_bytes() for path in (run / "checkpoints").glob("*.ckpt")}
+    checkpoints = {name: counters(run / "checkpoints" / name) for name in files}
+    again = cli_job(workdir, "saturating", "fit", *flags, f"--trainer.max_epochs={EPOCHS}")
     return {
         "run": run,
         "fit": fit,
+        "files": files,
         "checkpoints": checkpoints,
-        "again": cli_job(workdir, "saturating", "fit", *flags, "--trainer.max_epochs=3"),
-        "validate": cli_job(workdir, "saturating", "validate", *flags),
+        "again": again,
+        "files_again": {path.name: path.read_bytes() for path in (run / "checkpoints").glob("*.ckpt")},
+        "validate": cli_job(workdir, "saturating", "validate", *flags, *SINGLE_PROCESS),
         "predict": cli_job(workdir, "saturating", "predict", *flags),
     }
 
@@ -163,21 +175,28 @@ def saturating(tmp_path_factory):
 @pytest.mark.distributed
 def test_a_saturated_metric_keeps_the_best_checkpoint_at_its_first_epoch_and_last_ckpt_at_the_end(saturating):
     succeeded(saturating["fit"])
-    last, best = last_and_best(saturating["run"])
+    last, best_path = last_and_best(saturating["run"])
     assert float(checkpoint_state(last)["best_model_score"]) == 1.0
-    assert "1.0000" in best.name
-    best_epochs, best_steps = saturating["checkpoints"][best.name]
+    assert "1.0000" in best_path.name
+    assert sorted(saturating["files"]) == ["epoch000-val_acc1.0000.ckpt", "last.ckpt"]
+    best_epochs, best_steps = saturating["checkpoints"][best_path.name]
     assert best_epochs == 1
-    assert saturating["checkpoints"]["last.ckpt"] == (3, 3 * best_steps)
+    assert saturating["checkpoints"]["last.ckpt"] == (EPOCHS, EPOCHS * best_steps)
+    best = torch.load(best_path, weights_only=True)
+    assert (best["epoch"], best["global_step"]) == (0, BATCHES_PER_EPOCH)
+    assert (last["epoch"], last["global_step"]) == (EPOCHS - 1, EPOCHS * BATCHES_PER_EPOCH)
+    assert not torch.equal(best["state_dict"]["layer.weight"], last["state_dict"]["layer.weight"]), "it trained on"
+    # A run resumed from last.ckpt knows its best checkpoint, and replaces it when a better one comes.
+    assert Path(checkpoint_state(last)["best_model_path"]).name == "epoch000-val_acc1.0000.ckpt"
 
 
 @pytest.mark.distributed
 def test_a_saturated_run_again_trains_nothing_and_validates_and_predicts_with_its_last_weights(saturating):
-    assert "Nothing to train: the run in logs/saturating_classifier/saturating already" in succeeded(
-        saturating["again"]
-    )
-    step = torch.load(saturating["run"] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    last = rf"\S+/saturating/checkpoints/last\.ckpt \(epoch \d+, step {step}\)"
+    again = succeeded(saturating["again"])
+    last = rf"\S+/saturating/checkpoints/last\.ckpt \(epoch {EPOCHS - 1}, step {EPOCHS * BATCHES_PER_EPOCH}\)"
+    assert re.search(f"Resuming from {last}", again), again
+    assert "Nothing to train: the run in logs/saturating_classifier/saturating already" in again
+    assert saturating["files_again"] == saturating["files"]
     validated = succeeded(saturating["validate"])
     assert re.search(f"Validating with the weights of {last}", validated), validated
     assert re.search(r"val/acc\s+[01]\.\d+", validated), validated
@@ -185,54 +204,3 @@ def test_a_saturated_run_again_trains_nothing_and_validates_and_predicts_with_it
     written = torch.load(saturating["run"] / "predictions.pt")
     checkpoint = saturating["run"] / "checkpoints" / "last.ckpt"
     torch.testing.assert_close(written, plain_predictions(checkpoint, *SATURATING))
-
-
-@pytest.fixture(scope="module")
-def no_validation(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("no_validation")
-    flags = ["-c", DDP_YAML, *NO_VALIDATION]
-    return {
-        "run": workdir / "logs" / "no_validation" / "train_only",
-        "fit": cli_job(workdir, "train_only", "fit", *flags, "--trainer.max_epochs=2"),
-        "again": cli_job(workdir, "train_only", "fit", *flags, "--trainer.max_epochs=2"),
-        "validate": cli_job(workdir, "train_only", "validate", *flags),
-        "predict": cli_job(workdir, "train_only", "predict", *flags),
-    }
-
-
-@pytest.mark.distributed
-def test_a_module_without_validation_trains_and_keeps_last_ckpt_only(no_validation):
-    succeeded(no_validation["fit"])
-    checkpoints = no_validation["run"] / "checkpoints"
-    assert [path.name for path in checkpoints.iterdir()] == ["last.ckpt"]
-    last = torch.load(checkpoints / "last.ckpt", weights_only=True)
-    batches = last["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
-    assert counters(checkpoints / "last.ckpt") == (2, batches)
-
-
-@pytest.mark.distributed
-def test_a_module_without_validation_run_again_trains_nothing(no_validation):
-    succeeded(no_validation["fit"])
-    assert "Nothing to train: the run in logs/no_validation/train_only already" in succeeded(no_validation["again"])
-
-
-@pytest.mark.distributed
-def test_validate_without_validation_data_is_refused_in_one_paragraph_as_plain_lightning_cli_refuses_it(
-    no_validation,
-):
-    result = no_validation["validate"]
-    assert result.returncode == 1, job_output(result)
-    assert "Traceback" not in job_output(result)
-    (paragraph,) = re.findall(r"^error: (.*)$", job_output(result), re.MULTILINE)
-    assert "to run `Trainer.validate`" in paragraph
-    plain = plain_lightning_cli(*NO_VALIDATION)
-    with pytest.raises(MisconfigurationException, match=re.escape(paragraph)):
-        plain.trainer.validate(plain.model, datamodule=plain.datamodule)
-
-
-@pytest.mark.distributed
-def test_a_module_without_validation_predicts_what_plain_lightning_cli_predicts(no_validation):
-    assert "Predicting with the weights of" in succeeded(no_validation["predict"])
-    written = torch.load(no_validation["run"] / "predictions.pt")
-    checkpoint = no_validation["run"] / "checkpoints" / "last.ckpt"
-    torch.testing.assert_close(written, plain_predictions(checkpoint, *NO_VALIDATION))

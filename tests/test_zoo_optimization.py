@@ -1,13 +1,15 @@
 """The zoo's modules that bring their own optimization, each run as a user would: 2-process jobs of
 ``cli.py -c configs/ddp.yaml --model ... --data ...`` (fit, the same command again, validate, predict), set beside
-plain LightningCLI on the same module.
+plain LightningCLI on the same module. The same command again and validate run in one process: that nothing is
+trained, and which weights are used, a second process would not change.
 
 - tests.zoo.GAN (manual optimization, two optimizers, a network without gradient in each backward pass): without
   configs/find_unused.yaml it stops in one paragraph naming the parameters; with it, it trains, resumes from a
   shorter run to the very parameters of an uninterrupted one, and predicts. Plain LightningCLI needs no
   find_unused (one process, no DDP); it gives the same predictions from the template's checkpoint. Stopped by
   SIGTERM after its first batch, it saves both optimizers and the same command continues to the same step count.
-  It has no validation step, so it gets no validate (tests/test_zoo_monitoring.py checks that refusal).
+  Like a training-only module, it has no validation at all: it keeps last.ckpt alone, and validate is refused as
+  plain LightningCLI refuses it, in one paragraph instead of a traceback.
 - tests.zoo.PartialOptimizerModule (a network, a partial optimizer and scheduler passed in, hydra style): it trains
   with its own default optimizer and the scheduler of its config, keeps its data module's batch size, and its
   checkpoints move both ways between the template and plain LightningCLI.
@@ -22,10 +24,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from tests.helpers import (
     DDP_YAML,
     REPO,
+    SINGLE_PROCESS,
     cli_job,
     finish,
     job_output,
@@ -53,8 +57,9 @@ def gan(tmp_path_factory):
         "first": cli_job(workdir, "resumed", *fit, "--trainer.max_epochs=1"),
         "resumed": cli_job(workdir, "resumed", *fit, "--trainer.max_epochs=2", *probe_args(workdir / "probe-resumed")),
         "whole": cli_job(workdir, "whole", *fit, "--trainer.max_epochs=2", *probe_args(workdir / "probe-whole")),
-        "again": cli_job(workdir, "whole", *fit, "--trainer.max_epochs=2"),
+        "again": cli_job(workdir, "whole", *fit, "--trainer.max_epochs=2", *SINGLE_PROCESS),
         "predict": cli_job(workdir, "whole", "predict", "-c", DDP_YAML, *GAN),
+        "validate": cli_job(workdir, "whole", "validate", "-c", DDP_YAML, *GAN),
         **preempted(workdir, *fit, "--trainer.max_epochs=2", "--data.init_args.num_samples=640"),
     }
 
@@ -110,6 +115,28 @@ def test_a_gan_trains_with_find_unused_counting_a_step_per_optimizer_step(gan):
     first, second = (record["params"] for record in probe_records(gan["workdir"] / "probe-whole", 2))
     for name, value in first.items():
         assert torch.equal(value, second[name]), name
+
+
+@pytest.mark.distributed
+def test_a_gan_without_validation_trains_and_keeps_last_ckpt_only(gan):
+    succeeded(gan["whole"])
+    checkpoints = gan["workdir"] / "logs" / "gan" / "whole" / "checkpoints"
+    assert [path.name for path in checkpoints.iterdir()] == ["last.ckpt"]
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True)
+    batches = last["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["completed"]
+    assert counters(checkpoints / "last.ckpt") == (2, 2 * batches)  # two optimizer steps per batch
+
+
+@pytest.mark.distributed
+def test_validate_without_validation_data_is_refused_in_one_paragraph_as_plain_lightning_cli_refuses_it(gan):
+    result = gan["validate"]
+    assert result.returncode == 1, job_output(result)
+    assert "Traceback" not in job_output(result)
+    (paragraph,) = re.findall(r"^error: (.*)$", job_output(result), re.MULTILINE)
+    assert "to run `Trainer.validate`" in paragraph
+    plain = plain_lightning_cli(*GAN)
+    with pytest.raises(MisconfigurationException, match=re.escape(paragraph)):
+        plain.trainer.validate(plain.model, datamodule=plain.datamodule)
 
 
 @pytest.mark.distributed
@@ -198,8 +225,8 @@ def partial(tmp_path_factory):
         "workdir": workdir,
         "config": config,
         "fit": cli_job(workdir, "hydra", "fit", *configs, "--trainer.max_epochs=2"),
-        "again": cli_job(workdir, "hydra", "fit", *configs, "--trainer.max_epochs=2"),
-        "validate": cli_job(workdir, "hydra", "validate", *configs),
+        "again": cli_job(workdir, "hydra", "fit", *configs, "--trainer.max_epochs=2", *SINGLE_PROCESS),
+        "validate": cli_job(workdir, "hydra", "validate", *configs, *SINGLE_PROCESS),
         "predict": cli_job(workdir, "hydra", "predict", *configs),
         "plain_checkpoint": plain_checkpoint,
         "from_plain": cli_job(workdir, "from_plain", "predict", *configs, f"--ckpt_path={plain_checkpoint}"),

@@ -1,9 +1,9 @@
 """LightningModules and DataModules written the way users write them, not the way the template's own are.
 
 Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
-two optimizers (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a ReduceLROnPlateau on it
-(Lightning's docs), a module given a partial optimizer and scheduler and its network (lightning-hydra-template's
-MNIST module), a module without validation, and a classifier whose accuracy saturates (a plateau).
+two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
+ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
+(lightning-hydra-template's MNIST module), and a classifier whose accuracy saturates (a plateau).
 """
 
 import torch
@@ -16,9 +16,9 @@ from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 
-class TrainOnlyBlobs(LightningDataModule):
-    """Points around ``num_classes`` well separated centres, as ``(x, label)``: a training loader, and a predict loader
-    on held-out points; no validation data."""
+class Blobs(LightningDataModule):
+    """Points around ``num_classes`` well separated centres, as ``(x, label)``: a training loader, and held-out points
+    as validation and predict data."""
 
     def __init__(
         self, num_train: int = 64, num_val: int = 32, dim: int = 4, num_classes: int = 3, batch_size: int = 8
@@ -38,14 +38,10 @@ class TrainOnlyBlobs(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True)
 
-    def predict_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
 
-
-class Blobs(TrainOnlyBlobs):
-    """The same points, with the held-out ones as validation data too."""
-
-    def val_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
 
 
@@ -217,27 +213,6 @@ class PartialOptimizerModule(LightningModule):
             return {"optimizer": optimizer}
         scheduler = self.scheduler(optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"}}
-
-
-class NoValidation(LightningModule):
-    """A training loop and nothing else to check it by: no validation step, no validation metric."""
-
-    def __init__(self, dim: int = 4, num_classes: int = 3, lr: float = 0.05) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.layer = nn.Linear(dim, num_classes)
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = F.cross_entropy(self.layer(x), y)
-        self.log("loss", loss)
-        return loss
-
-    def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0])
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
 class SaturatingClassifier(LightningModule):

@@ -20,7 +20,8 @@ from data import RandomDataModule
 
 REPO = Path(__file__).resolve().parents[2]
 DDP_YAML = str(REPO / "configs" / "ddp.yaml")
-# In-process runs stay in this pytest process: one device, no process group.
+# One process on one device, no process group: in-process runs stay in this pytest process, and a job whose checks a
+# second process would not change starts no other.
 SINGLE_PROCESS = ["--trainer.strategy=auto", "--trainer.devices=1"]
 
 

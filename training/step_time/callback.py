@@ -35,9 +35,11 @@ class StepTime(Callback):
         slower_by: how many times the other nodes' time a node's must be to count as slow.
         min_share: how much of a step a node's extra time must be to count as slow (0.2: a fifth), so that the
             noise of a busy machine names nobody.
+        min_ms: how many milliseconds per step a node's extra time must be at least to count as slow: in steps of
+            a few milliseconds, a busy machine's scheduler alone makes one node several times slower than another.
     """
 
-    def __init__(self, window: int = 100, slower_by: float = 1.5, min_share: float = 0.2) -> None:
+    def __init__(self, window: int = 100, slower_by: float = 1.5, min_share: float = 0.2, min_ms: float = 10) -> None:
         fix = "set it in training.StepTime's entry of trainer.callbacks"
         if window < 1:
             raise ValueError(f"training.StepTime's window must be at least 1 step, got {window}: {fix}.")
@@ -45,13 +47,16 @@ class StepTime(Callback):
             raise ValueError(f"training.StepTime's slower_by must be at least 1, got {slower_by}: {fix}.")
         if not 0 <= min_share < 1:
             raise ValueError(f"training.StepTime's min_share must be from 0 to below 1, got {min_share}: {fix}.")
+        if min_ms < 0:
+            raise ValueError(f"training.StepTime's min_ms must be 0 or more, got {min_ms}: {fix}.")
         self.window = window
         self.slower_by = slower_by
         self.min_share = min_share
+        self.min_ms = min_ms
         self.clock: Clock = CpuClock()
         self.collectives: GradientsReady | None = None
         self.backward_end: Any = None
-        self.watch = SlowNodeWatch(window, slower_by, min_share)
+        self.watch = SlowNodeWatch(window, slower_by, min_share, min_ms)
         self.where: dict[int, Node] = {}
         self.nodes: list[int] = [0]
         self.pending: list[Step] = []
@@ -63,7 +68,7 @@ class StepTime(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
-        self.watch = SlowNodeWatch(self.window, self.slower_by, self.min_share)
+        self.watch = SlowNodeWatch(self.window, self.slower_by, self.min_share, self.min_ms)
         self.pending, self.previous_end, self.batches, self.backward_end = [], None, 0, None
         self.interval, self.total = [0.0] * len(FIELDS), [0.0] * len(FIELDS)
         if self.collectives is not None:

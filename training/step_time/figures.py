@@ -72,15 +72,18 @@ class SlowNodeWatch:
     """Finds the node whose data or compute time stays above the others' over the last ``window`` steps.
 
     A node is slow in a part when its median over the window's log intervals is at least ``slower_by`` times the
-    other nodes' and exceeds it by at least ``min_share`` of its step: a spike (a checkpoint save, a busy second)
-    moves one interval, not the median, and a gap small beside the step is noise. ``add`` returns a finding once
-    per episode: again only after the nodes were back within the thresholds, or for another node or part.
+    other nodes' and exceeds it by at least ``min_share`` of its step and by at least ``min_ms`` milliseconds: a
+    spike (a checkpoint save, a busy second) moves one interval, not the median; a gap small beside the step is
+    noise, and so is a gap of a few milliseconds in a short step, which is how long a busy CPU's scheduler keeps a
+    process waiting. ``add`` returns a finding once per episode: again only after the nodes were back within the
+    thresholds, or for another node or part.
     """
 
-    def __init__(self, window: int, slower_by: float, min_share: float) -> None:
+    def __init__(self, window: int, slower_by: float, min_share: float, min_ms: float) -> None:
         self.window = window
         self.slower_by = slower_by
         self.min_share = min_share
+        self.min_ms = min_ms
         self.intervals: deque[tuple[int, dict[int, dict[str, float]]]] = deque()
         self.reported: tuple[int, str] | None = None
 
@@ -111,7 +114,7 @@ class SlowNodeWatch:
             for part in ("data", "compute"):
                 theirs = statistics.median(o[part] for o in others)
                 excess = mine[part] - theirs
-                if mine[part] >= self.slower_by * theirs and excess >= self.min_share * mine["step"]:
+                if mine[part] >= self.slower_by * theirs and excess >= max(self.min_share * mine["step"], self.min_ms):
                     waiting = statistics.fmean(o["collective"] for o in others)
                     others_step = statistics.fmean(o["step"] for o in others)
                     found.append((excess, Finding(node, part, mine[part], theirs, waiting, others_step, self.window)))
