@@ -14,7 +14,8 @@ import sys
 
 
 def stopped_while_starting(signum: int, frame: object) -> None:
-    if os.environ.get("LOCAL_RANK", "0") == "0":  # the process that starts the node's others speaks for them
+    # The first process of a node speaks for it: srun gives its processes SLURM_LOCALID, not LOCAL_RANK.
+    if (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0") == "0":
         print(
             f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) while "
             "it started, before training: nothing was trained and no checkpoint was written. Run the same command "

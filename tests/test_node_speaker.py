@@ -26,6 +26,15 @@ WAITS = "import sys; sys.stdin.read()"
 WORKER = "import pathlib, sys; pathlib.Path('/proc/self/comm').write_text('pt_data_worker'); sys.stdin.read()"
 
 
+@pytest.mark.parametrize(("slurm_localid", "speaks"), [("0", True), ("1", False)])
+def test_srun_tasks_of_a_node_speak_once_by_their_slurm_local_id(monkeypatch, slurm_localid, speaks):
+    # srun starts each process of a node itself: each is its own starter, and only SLURM_LOCALID tells them apart.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", slurm_localid)
+    node_processes.mark_as_starter()
+    assert node_processes.speaks_for_node() is speaks
+
+
 @pytest.fixture
 def orphans(monkeypatch):
     """Local ranks 1, 3 and a DataLoader worker of rank 3, whose starter has ended; this process plays local rank 2."""

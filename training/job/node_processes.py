@@ -97,7 +97,8 @@ def is_data_worker(proc: Path) -> bool:
 
 
 def own_local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    # srun starts every process of a node itself and gives each SLURM_LOCALID, not LOCAL_RANK.
+    return int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0)
 
 
 def speaks_for_node() -> bool:

@@ -10,6 +10,7 @@ from datetime import timedelta
 from torch.distributed import PrefixStore, Store, TCPStore
 
 from training.job.join_progress import WaitReport, waited_of
+from training.job.node_processes import own_local_rank
 from training.job.startup import StartupError
 
 
@@ -39,7 +40,7 @@ def connect(
 def _await_master(host: str, port: int, timeout: timedelta, node: str, abandoned: Callable[[], str]) -> None:
     """Knock on the master's port until it answers: TCPStore's own wait cannot be interrupted (a stop signal, the
     end of the process that started this one) and prints a C++ trace for each of its retries."""
-    report = WaitReport() if os.environ.get("LOCAL_RANK", "0") == "0" else None
+    report = WaitReport() if own_local_rank() == 0 else None
     started = time.monotonic()
     try:
         while True:
