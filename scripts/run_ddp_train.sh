@@ -217,7 +217,7 @@ tee -ia "$log_file" <"$fifo_dir/output" &
 tee_pid=$!
 # A session of its own: a Ctrl-C reaches training once, through the trap above. A script starts its
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.
-(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
+(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "DDP_NODE_LOG=$log_file" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
 child=$!
 
 # A trapped signal ends `wait` early with 128+signal; wait again for the status training exited with.

@@ -216,7 +216,18 @@ def test_a_peer_whose_last_beat_arrives_late_after_the_failure_is_still_named(st
     assert paragraph is not None and paragraph.startswith(f"the job lost node 1 ({socket.gethostname()}, 127.0.0.1)")
 
 
-def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(store, exits, start, short_grace):
+@pytest.mark.parametrize(
+    ("node_log", "where_the_traceback_is"),
+    [("logs/nodes/node1.log", "Its node's log (logs/nodes/node1.log there)"), (None, "Its output on that node")],
+)
+def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(
+    store, exits, start, short_grace, monkeypatch, node_log, where_the_traceback_is
+):
+    # The launcher names its node's log file; a process started otherwise has its traceback in its own output.
+    if node_log:
+        monkeypatch.setenv("DDP_NODE_LOG", node_log)
+    else:
+        monkeypatch.delenv("DDP_NODE_LOG", raising=False)
     _, port = store
     zero, one = (start(port, rank, rank, peer_timeout=QUICK_FAILURE) for rank in range(2))
     hear_each_other(zero, one)
@@ -225,7 +236,7 @@ def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(st
     paragraph = zero.failed(RuntimeError("Connection closed by peer"))
     assert paragraph.startswith(
         f"rank 1 (local rank 0) of node 1 ({socket.gethostname()}, 127.0.0.1) stopped with an error: ValueError: the "
-        "loss is nan. Its node's log (logs/nodes/node1.log there) has the traceback"
+        f"loss is nan. {where_the_traceback_is} has the traceback; every other process stopped with it."
     )
 
 

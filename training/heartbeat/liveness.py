@@ -112,7 +112,8 @@ class Liveness(Verdicts):
 
     def errored(self, error: BaseException) -> None:
         """This process stops with its own error: the others name it instead of waiting for its silence."""
-        self.state = {"state": "failed", "error": why_stopped.one_line(error)}
+        # The launcher keeps each node's output in a log file (scripts/run_ddp_train.sh): the others name it.
+        self.state = {"state": "failed", "error": why_stopped.one_line(error), "log": os.environ.get("DDP_NODE_LOG")}
         self._publish()
 
     def stop_job(self, paragraph: str) -> None:

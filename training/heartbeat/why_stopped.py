@@ -89,10 +89,10 @@ def store_lost(zero: dict[str, Any], store_address: str, heard_at: float, why: s
 
 
 def peer_failed(beat: dict[str, Any], error: str, tail: str) -> str:
+    traceback_there = f"Its node's log ({beat['log']} there)" if beat.get("log") else "Its output on that node"
     return (
         f"rank {beat.get('rank')} (local rank {beat.get('local')}) of {where(beat)} stopped with an error: {error}. "
-        f"Its node's log (logs/nodes/node{beat.get('node')}.log there) has the traceback; every other process "
-        f"stopped with it. {tail}"
+        f"{traceback_there} has the traceback; every other process stopped with it. {tail}"
     )
 
 
