@@ -100,15 +100,9 @@ class LogsAtBothLevels(BoringModel):
         return super().training_step(batch, batch_idx)
 
 
-class NamesAtTheFirstStep(Callback):
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.names = logged_names(trainer)
-        self.computed = set(trainer.callback_metrics)
-
-
-def test_lightning_still_keeps_every_name_logged_in_a_step_where_the_first_step_can_read_it():
-    look = NamesAtTheFirstStep()
-    trainer = Trainer(
+def one_step_trainer(look: Callback) -> Trainer:
+    """A Trainer of one training step with nothing of its own around it but ``look``."""
+    return Trainer(
         max_steps=1,
         limit_val_batches=0,
         logger=False,
@@ -117,6 +111,17 @@ def test_lightning_still_keeps_every_name_logged_in_a_step_where_the_first_step_
         enable_model_summary=False,
         callbacks=[look],
     )
+
+
+class NamesAtTheFirstStep(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.names = logged_names(trainer)
+        self.computed = set(trainer.callback_metrics)
+
+
+def test_lightning_still_keeps_every_name_logged_in_a_step_where_the_first_step_can_read_it():
+    look = NamesAtTheFirstStep()
+    trainer = one_step_trainer(look)
     trainer.fit(LogsAtBothLevels())
     use = "Trainer._results (the running loop's logged values)"
     assert look.names == {"epoch_only", "both", "both_step", "both_epoch", "step_only"}, moved(
@@ -133,15 +138,7 @@ class SigtermAtTrainStart(Callback):
 def test_lightning_still_registers_its_signal_handlers_through_its_connector_after_the_hand_over():
     use = "Trainer._signal_connector.register_signal_handlers, called in Trainer._run"
     look = SigtermAtTrainStart()
-    trainer = Trainer(
-        max_steps=1,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[look],
-    )
+    trainer = one_step_trainer(look)
     found = signal.getsignal(signal.SIGTERM)
     handed_over = []
 
