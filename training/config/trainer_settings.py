@@ -89,10 +89,15 @@ def cores_warning(config: dict[str, Any]) -> str | None:
     )
 
 
-def _init_args_with(entries: Any, key: str, value: Any) -> bool:
-    """Whether any ``class_path`` entry of ``entries`` (a list of them, or one) sets ``key`` to ``value``."""
-    entries = entries if isinstance(entries, list) else [entries]
-    return any(isinstance(entry, dict) and (entry.get("init_args") or {}).get(key) == value for entry in entries)
+def entries(setting: Any) -> list[dict[str, Any]]:
+    """The ``class_path`` entries of a setting that takes one or a list of them (trainer.logger, trainer.callbacks),
+    as dicts; a value that is no entry (``false``, a name) is left out."""
+    return [entry for entry in (setting if isinstance(setting, list) else [setting]) if isinstance(entry, dict)]
+
+
+def _init_args_with(setting: Any, key: str, value: Any) -> bool:
+    """Whether any ``class_path`` entry of ``setting`` (a list of them, or one) sets ``key`` to ``value``."""
+    return any((entry.get("init_args") or {}).get(key) == value for entry in entries(setting))
 
 
 # Trainer values Lightning takes without a check: (key, whether a value fits, what Lightning does with a wrong one,

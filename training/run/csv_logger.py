@@ -17,6 +17,7 @@ from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from training.config.trainer_settings import entries
 from training.private_api import AppendingExperimentWriter
 
 
@@ -80,9 +81,8 @@ KEEP_HISTORY = (TensorBoardLogger, CSVLogger, MLFlowLogger)
 def logger_problem(settings: dict[str, Any]) -> str | None:
     """Why a logger of ``settings`` (a subcommand's config, as a dict) would lose what earlier attempts of the run
     logged, or None."""
-    loggers = (settings.get("trainer") or {}).get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        if not isinstance(logger, dict) or not isinstance(cls := logger_class(logger.get("class_path")), type):
+    for logger in entries((settings.get("trainer") or {}).get("logger")):
+        if not isinstance(cls := logger_class(logger.get("class_path")), type):
             continue
         if issubclass(cls, KEEP_HISTORY):
             continue

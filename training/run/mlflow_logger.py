@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import MLFlowLogger as LightningMLFlowLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
+from training.config.trainer_settings import entries
 from training.job.startup import StartupError
 from training.private_api import attach_mlflow_run
 from training.run.storage import shown
@@ -152,12 +153,7 @@ def flat(params: Mapping[str, Any] | Namespace, prefix: str = "") -> dict[str, s
 def mlflow_problem(settings: dict[str, Any]) -> str | None:
     """Why the loggers of ``settings`` (a subcommand's config, as a dict) cannot be built, or None: an MLFlowLogger
     without mlflow, which would end in jsonargparse's report on the logger's types instead of naming the package."""
-    loggers = (settings.get("trainer") or {}).get("logger")
-    named = [
-        str(logger.get("class_path"))
-        for logger in (loggers if isinstance(loggers, list) else [loggers])
-        if isinstance(logger, dict)
-    ]
+    named = [str(logger.get("class_path")) for logger in entries((settings.get("trainer") or {}).get("logger"))]
     return missing_mlflow() if any(name.endswith("MLFlowLogger") for name in named) else None
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import fsspec
 from fsspec.utils import get_protocol
 
+from training.config.trainer_settings import entries
+
 # The package and the requirements file of each object store's fsspec client the template is tested with.
 CLIENTS = {"s3": ("s3fs", "requirements-s3.txt")}
 
@@ -32,11 +34,9 @@ def storage_problem(settings: dict[str, Any]) -> str | None:
     """What keeps the URLs of ``settings`` (a subcommand's config, as a dict) from being read or written, or None:
     an object store whose fsspec client is not installed, or a protocol fsspec does not know."""
     trainer = settings.get("trainer") or {}
-    loggers = trainer.get("logger")
     places = [("--ckpt_path", settings.get("ckpt_path")), ("trainer.default_root_dir", trainer.get("default_root_dir"))]
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        if isinstance(logger, dict):
-            places.append(("the logger's save_dir", (logger.get("init_args") or {}).get("save_dir")))
+    for logger in entries(trainer.get("logger")):
+        places.append(("the logger's save_dir", (logger.get("init_args") or {}).get("save_dir")))
     for key, value in places:
         if not isinstance(value, str) or not is_remote(value):
             continue

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from training.config.trainer_settings import entries
 from training.run.record import logger_name
 from training.run.storage import is_remote
 
@@ -16,17 +17,15 @@ def directories(settings: dict[str, Any]) -> list[tuple[str, str]]:
     callback's ``dirpath``."""
     trainer = settings.get("trainer") or {}
     found = [(trainer.get("default_root_dir"), f"trainer.default_root_dir={trainer.get('default_root_dir')}")]
-    loggers = trainer.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        init_args = (logger.get("init_args") or {}) if isinstance(logger, dict) else {}
+    for logger in entries(trainer.get("logger")):
+        init_args = logger.get("init_args") or {}
         save_dir = init_args.get("save_dir")
         if isinstance(save_dir, str) and "name" in init_args:  # a logger of run directories, not a tracker's
             name = init_args["name"] or logger_name((settings.get("model") or {}).get("class_path"))
             run = os.path.join(save_dir, name, *([str(init_args["version"])] if init_args.get("version") else []))
             found.append((run, f"trainer.logger.init_args.save_dir={save_dir}"))
-    callbacks = trainer.get("callbacks") or []
-    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
-        dirpath = ((callback.get("init_args") or {}) if isinstance(callback, dict) else {}).get("dirpath")
+    for callback in entries(trainer.get("callbacks")):
+        dirpath = (callback.get("init_args") or {}).get("dirpath")
         if dirpath:
             found.append((dirpath, f"dirpath={dirpath} of {callback.get('class_path')} in trainer.callbacks"))
     return [(path, setting) for path, setting in found if isinstance(path, str) and not is_remote(path)]
