@@ -6,6 +6,7 @@
 Every behaviour of a run is declared in configs/ddp.yaml; this file builds the CLI and reports a config mistake.
 """
 
+import contextlib
 import gc
 import os
 import signal
@@ -16,17 +17,21 @@ import sys
 def stopped_while_starting(signum: int, frame: object) -> None:
     # The first process of a node speaks for it: srun gives its processes SLURM_LOCALID, not LOCAL_RANK.
     if (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0") == "0":
-        print(
-            f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) while "
-            "it started, before training: nothing was trained and no checkpoint was written. Run the same command "
-            "again to start the job.",
-            file=sys.stderr,
-        )
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
+            print(
+                f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) "
+                "while it started, before training: nothing was trained and no checkpoint was written. Run the same "
+                "command again to start the job.",
+                file=sys.stderr,
+            )
     sys.exit(1)
 
 
-if __name__ == "__main__":  # a SIGTERM during the seconds of the imports below ends in a paragraph too
-    signal.signal(signal.SIGTERM, stopped_while_starting)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+if __name__ == "__main__":  # a stop during the seconds of the imports below ends in a paragraph too, not a traceback
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP, a script's background SIGINT
+            signal.signal(signum, stopped_while_starting)
     # torch reads it as it is imported. A heartbeat's store call cut off as global rank 0's process ends would print
     # a C++ warning with its backtrace before the paragraph that explains the stop; DEBUG=1 on the launcher (or a
     # value of your own) keeps torch's C++ warnings.
@@ -55,7 +60,7 @@ from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
 from training.job.node_processes import let_later_end, speaks_for_node
-from training.job.stop_signal import StopBeforeTraining
+from training.job.stop_signal import REQUESTS
 from training.run.record import RunRecord, name_the_logger
 
 # What the imports made lives as long as the process: collections skip it from here on, and the DataLoader workers
@@ -139,10 +144,9 @@ class CLI(LightningCLI):
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):
             self.parser.error(problem)
-        # From here the job's own handlers take SIGTERM: training/job/stop_signal.py's until training starts, then
-        # Lightning's and training.PreemptionCheckpoint's; Lightning finds the default there, and puts it back after.
+        # From here the job's stop requests (SIGTERM, Ctrl-C, SIGHUP) go to training/job/stop_signal.py.
         if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
-            StopBeforeTraining(self.trainer).start(give_back=signal.SIG_DFL)
+            REQUESTS.start(self.trainer)
 
     before_fit = before_validate = before_test = before_predict = check_start
 

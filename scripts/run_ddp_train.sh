@@ -23,7 +23,9 @@
 #   ELASTIC_WAIT=30     with MIN_NODES: seconds the rendezvous waits for more nodes once MIN_NODES are there
 #   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
 #   DRY_RUN=1           print this node's environment and command, then exit
-#   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM to training and killing it
+#   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM/SIGHUP to training and killing it
+#   DETACH=1            run this node in the background, on after its terminal or ssh session closes: its output
+#                       goes to logs/nodes/node<N>.log only, and the line printed says how to follow and stop it
 #   STOP_WITH_STDIN=1   a line INT or TERM on standard input acts as that signal, and its end as SIGTERM
 #                       (scripts/launch_cluster.sh sets it: a node stops when its ssh connection closes)
 #   PYTHON=python       the Python interpreter
@@ -50,6 +52,7 @@ stop_launch() {
     # shellcheck disable=SC2086  # one pid per word
     kill -s "$signal" $targets 2>/dev/null || true
     trap 'stop_launch KILL "interrupted again" "$(launch_processes)"' INT TERM
+    trap '' HUP # a closed terminal may send it twice: from the shell, and as its last process leaves it
     deadline=$((SECONDS + STOP_TIMEOUT))
     while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
         sleep 0.5
@@ -69,6 +72,14 @@ stop_launch() {
 forward() {
     trapped=1
     stop_launch "$1" "$2" "$(kill -0 "$child" 2>/dev/null && echo "$child")"
+}
+
+# The terminal closed: training saves and stops as on Ctrl-C, and this script's own words go to the node's log, as
+# training's do (tee writes on to the log after the terminal is gone).
+# shellcheck disable=SC2329  # called from traps
+hung_up() {
+    exec >>"$log_file" 2>&1
+    forward HUP "the terminal closed, stopping training"
 }
 
 # With STOP_WITH_STDIN, standard input comes from whoever started this node over ssh (scripts/launch_cluster.sh):
@@ -197,10 +208,20 @@ if ((dry_run)); then
     exit 0
 fi
 
+log_file=$LOG_DIR/node$NODE_RANK.log
+if [[ -n ${DETACH:-} && $DETACH != 0 ]]; then
+    mkdir -p "$LOG_DIR"
+    # A session of its own, without a terminal: nothing it closes reaches it. SIGINT restored, as for training below.
+    (trap - INT && exec setsid env DETACH=0 "$project/scripts/run_ddp_train.sh" "$@") </dev/null >/dev/null 2>>"$log_file" &
+    [[ $log_file == /* ]] || log_file=$project/$log_file
+    echo "node $NODE_RANK runs in the background as pid $!, on after this terminal closes. Follow it:" \
+        "tail -f $log_file. Stop it, with last.ckpt saved: kill -INT $!"
+    exit 0
+fi
+
 ((NODE_RANK == 0)) || wait_for_master
 
 mkdir -p "$LOG_DIR"
-log_file=$LOG_DIR/node$NODE_RANK.log
 launch_id="$(hostname)-$$-$(date +%s%N)"
 {
     echo "==== $(date '+%F %T') node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
@@ -211,9 +232,10 @@ launch_id="$(hostname)-$$-$(date +%s%N)"
 trap on_exit EXIT
 trap 'forward INT "interrupted, stopping training"' INT
 trap 'forward TERM "terminated, stopping training"' TERM
+trap hung_up HUP
 fifo_dir=$(mktemp -d)
 mkfifo "$fifo_dir/output"
-tee -ia "$log_file" <"$fifo_dir/output" &
+(trap '' HUP && exec tee -ia "$log_file") <"$fifo_dir/output" &
 tee_pid=$!
 # A session of its own: a Ctrl-C reaches training once, through the trap above. A script starts its
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.

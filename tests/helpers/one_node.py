@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.helpers import DDP_YAML, REPO, free_port, processes_in
@@ -16,15 +17,29 @@ JOIN_TIMEOUT = "0:10:00"
 TRACE = re.compile(r"Traceback|Exception in thread|frame #|terminate called|\[[WEF]\d{4} \d\d:\d\d:\d\d")
 
 
-def start(workdir: Path, *args: str, devices: int = 2, subcommand: str = "fit", **settings: str) -> subprocess.Popen:
+def start(
+    workdir: Path,
+    *args: str,
+    devices: int = 2,
+    subcommand: str = "fit",
+    terminal: Callable[[], None] | None = None,
+    **settings: str,
+) -> subprocess.Popen:
     """``python cli.py fit`` (or ``subcommand``) with ``devices`` CPU processes in ``workdir``, with environment
-    ``settings`` (a free MASTER_PORT unless given); the output of all of them goes to workdir/output."""
+    ``settings`` (a free MASTER_PORT unless given), in a session of its own as a shell starts a foreground job (a signal
+    to its process group reaches every process, as Ctrl-C in a terminal does); the output of all of them goes to
+    workdir/output. With ``terminal`` (tests/test_everyday_stops.py), standard input and output are the terminal that
+    call makes the session's own in the new process."""
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(REPO / "cli.py"), subcommand, "-c", DDP_YAML, "--trainer.accelerator=cpu"]
     command += [f"--trainer.devices={devices}", f"--trainer.strategy.init_args.join_timeout={JOIN_TIMEOUT}", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_PORT": str(free_port()), **settings}
+    if terminal is not None:
+        return subprocess.Popen(command, cwd=workdir, env=env, start_new_session=True, preexec_fn=terminal)
     with (workdir / "output").open("w") as output:
-        return subprocess.Popen(command, cwd=workdir, env=env, stdout=output, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def local_ranks(workdir: Path, rank_zero: subprocess.Popen, devices: int) -> list[int]:

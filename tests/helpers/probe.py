@@ -141,14 +141,18 @@ class HoldAtStep(Callback):
     however fast the machine trains.
 
     Each rank writes ``<hold_file>.rank<N>`` when it holds, then waits until ``hold_file`` is gone or the
-    process receives a stop signal (SIGTERM or SIGUSR1), which it passes on to the handler the run had. With
-    ``world_size``, only a job of that many processes holds.
+    process receives a stop signal (SIGTERM, SIGUSR1, SIGINT or SIGHUP), which it passes on to the handler the run
+    had and records as ``<hold_file>.signalled.rank<N>``. With ``world_size``, only a job of that many processes
+    holds; with ``release_on_signal=False``, a signal does not end the hold.
     """
 
-    def __init__(self, step: int, hold_file: str, world_size: int | None = None) -> None:
+    def __init__(
+        self, step: int, hold_file: str, world_size: int | None = None, release_on_signal: bool = True
+    ) -> None:
         self.step = step
         self.hold_file = Path(hold_file)
         self.world_size = world_size
+        self.release_on_signal = release_on_signal
         self.signalled = False
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
@@ -156,10 +160,12 @@ class HoldAtStep(Callback):
             return
         if self.world_size is not None and trainer.world_size != self.world_size:
             return
-        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+        stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
+        previous = {signum: signal.getsignal(signum) for signum in stops}
 
         def note(signum: int, frame) -> None:
-            self.signalled = True
+            self.signalled = self.release_on_signal
+            Path(f"{self.hold_file}.signalled.rank{trainer.global_rank}").touch()
             if callable(previous[signum]):
                 previous[signum](signum, frame)
 
@@ -212,6 +218,18 @@ class HoldAtTeardown(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         hold_while(self.hold_file, trainer.local_rank)
+
+
+class HoldInSanityCheck(Callback):
+    """Holds every process in the first batch of the sanity check, after Lightning registered its signal handlers and
+    before training: writes ``<hold_file>.rank<N>`` (N its local rank), then waits until ``hold_file`` is gone."""
+
+    def __init__(self, hold_file: str) -> None:
+        self.hold_file = Path(hold_file)
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if trainer.sanity_checking:
+            hold_while(self.hold_file, trainer.local_rank)
 
 
 def hold_while(hold_file: Path, local_rank: int) -> None:

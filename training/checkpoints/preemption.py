@@ -1,9 +1,8 @@
-"""Save the run's last checkpoint when the job is told to stop (SIGTERM, or SIGUSR1 from SLURM), then exit 0."""
+"""Save the run's last checkpoint when the job is told to stop (SIGTERM, SLURM's SIGUSR1, Ctrl-C, a closed terminal)."""
 
 import signal
 import threading
 import time
-from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -12,9 +11,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from training.checkpoints.resume import last_checkpoint_path
+from training.job.stop_signal import CAUSE, EXIT_STATUS, REQUESTS, STOP_SIGNALS, URGENCY, taken
 from training.private_api import stop_sigterm_broadcast
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
 # About how often, in seconds of training, the ranks agree on whether to stop.
 CHECK_PERIOD = 1.0
 
@@ -22,12 +22,13 @@ CHECK_PERIOD = 1.0
 class PreemptionCheckpoint(Callback):
     """Stops every rank after the same training batch when a stop signal arrives, with ``last.ckpt`` saved there.
 
-    The signal handler only notes the request (and passes the signal on to the processes Lightning started
-    on this node). About once a second of training, after the same batch on every rank, the ranks agree
-    with a two-number all-reduce on a CPU (gloo) channel whether any of them was asked to stop, and when
-    to agree next; if so, all raise Lightning's ``SIGTERMException`` together, this callback saves the
-    checkpoint, and the process exits with status 0. A stop requested during validation takes effect
-    after the next agreement in training.
+    The signal handler (training/job/stop_signal.py) only notes the request (and passes SIGTERM on to the
+    processes Lightning started on this node). About once a second of training, after the same batch on every
+    rank, the ranks agree with a two-number all-reduce on a CPU (gloo) channel whether any of them was asked
+    to stop, by which signal, and when to agree next; if so, all raise Lightning's ``SIGTERMException``
+    together, this callback saves the checkpoint, and the process exits: with status 0 after SIGTERM or
+    SIGUSR1 (a scheduler's stop), 130 after Ctrl-C and 129 after SIGHUP (a closed terminal). A second Ctrl-C
+    stops at once. A stop requested during validation takes effect after the next agreement in training.
 
     This replaces Lightning's own SIGTERM handling: its handler runs a broadcast inside the signal handler,
     which the ranks reach at unrelated points of their step, so it can pair with another rank's gradient
@@ -38,7 +39,7 @@ class PreemptionCheckpoint(Callback):
     """
 
     def __init__(self) -> None:
-        self._requested = False
+        self._stopped_by: int | None = None
         self._channel: dist.ProcessGroup | None = None
         self._previous_handlers: dict[int, signal.Handlers] = {}
         self._since_check = self._check_every = 0  # batches since the last agreement; agree after this many
@@ -55,20 +56,10 @@ class PreemptionCheckpoint(Callback):
             rank_zero_warn("Lightning's per-batch SIGTERM broadcast has moved; it stays on and costs some speed.")
         # After Lightning registered its handlers, which it restores when the run ends.
         if threading.current_thread() is threading.main_thread():
-            # A signal since the run started (its sanity check) was noted by Lightning's handler.
-            self._requested = trainer.received_sigterm
-            for signum in SIGNALS:
-                self._previous_handlers[signum] = signal.signal(signum, self._handler(trainer))
-
-    def _handler(self, trainer: Trainer):
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            # The processes Lightning started on this node; torchrun signals its workers itself.
-            launcher = trainer.strategy.launcher
-            if not self._requested and launcher is not None:
-                launcher.kill(signal.SIGTERM)
-            self._requested = True
-
-        return request_stop
+            # A SIGTERM since the run started (its sanity check) was noted by Lightning's handler.
+            REQUESTS.arm(trainer, noted=signal.SIGTERM if trainer.received_sigterm else None)
+            for signum in taken(SIGNALS):
+                self._previous_handlers[signum] = signal.signal(signum, REQUESTS.handle)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self._since_check += 1
@@ -82,18 +73,20 @@ class PreemptionCheckpoint(Callback):
         seconds_per_batch = (now - self._last_check) / self._since_check
         paced = round(CHECK_PERIOD / max(seconds_per_batch, 1e-6))
         proposal = max(1, min(1000, 2 * max(self._check_every, 1), paced))
-        flags = torch.tensor([int(self._requested), proposal])
+        flags = torch.tensor([URGENCY.index(REQUESTS.received), proposal])
         if trainer.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._channel)
         self._last_check, self._since_check, self._check_every = now, 0, int(flags[1])
         if flags[0]:
-            raise SIGTERMException
+            self._stopped_by = URGENCY[int(flags[0])]
+            raise SIGTERMException(EXIT_STATUS[self._stopped_by])
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After an exception, Lightning's teardown restores what it found before the run instead.
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
+        REQUESTS.disarm()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.checkpoint_callback is None:
@@ -103,8 +96,9 @@ class PreemptionCheckpoint(Callback):
         trainer.save_checkpoint(path, weights_only=False)
         # A progress bar leaves its line open: the paragraph starts on a line of its own.
         bar = trainer.progress_bar_callback
+        where = f"at epoch {trainer.current_epoch}, step {trainer.global_step}"
         rank_zero_info(
             ("\n" if bar is not None and bar.is_enabled else "")
-            + f"Stopped by a signal at epoch {trainer.current_epoch}, step {trainer.global_step}: saved {path}. "
+            + f"Stopped by {CAUSE.get(self._stopped_by, 'a signal')} {where}: saved {path}. "
             "Run the same command again to resume from there."
         )

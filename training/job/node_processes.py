@@ -23,7 +23,7 @@ from pathlib import Path
 STARTED_BY = "DDP_STARTED_BY"
 POLL_SECONDS = 0.2
 GRACE_SECONDS = 10.0
-STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM)
+STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Watch(threading.Thread):
@@ -157,7 +157,8 @@ class NodeProcesses:
 
     def ended(self, killed_only: bool = False) -> str:
         """Which process this one started has ended, and how; "" if none. With ``killed_only``, only one killed by a
-        signal other than a stop request (SIGINT, SIGTERM: this process has it too): one that exited said why itself."""
+        signal other than a stop request (SIGINT, SIGTERM, SIGHUP: this process has it too): one that exited said why
+        itself."""
         for started in WATCHES:
             if started.ended is not None:
                 local_rank, process = started.ended

@@ -1,53 +1,161 @@
-"""SIGTERM while a job starts: one paragraph and exit status 1, instead of an end without a word (exit -15).
+"""Stop requests: SIGTERM, Ctrl-C (SIGINT), a closed terminal (SIGHUP) and SLURM's SIGUSR1, one mechanism for every
+phase of a run.
 
-cli.py takes SIGTERM from its first line until the run's checks have passed; from there this handler takes it in
-every process of the job until Lightning registers its own, just before training (or validation, testing,
-prediction) starts: while Lightning starts the node's other processes, through the start-up handshake, the module's
-setup and configure_model hooks and the restore of a checkpoint. Lightning's handler and
-training.PreemptionCheckpoint's then stop every rank after the same batch with last.ckpt saved.
+cli.py takes SIGTERM, SIGINT and SIGHUP from its first line until its checks have passed. From there ``REQUESTS``
+takes them in every process of the job:
+
+- until training starts (while Lightning starts the node's other processes, through the start-up handshake, the
+  module's setup and configure_model hooks, the restore of a checkpoint and the sanity check), and through a whole
+  validate, test or predict: the processes Lightning started on the node get the signal too, and cli.py prints
+  ``Stopped`` once per node and exits with status 1. Lightning takes SIGTERM alone just before the sanity check.
+- while training runs (training.PreemptionCheckpoint arms it): the request is only noted, and PreemptionCheckpoint
+  stops every rank after the same batch with last.ckpt saved. A second Ctrl-C stops at once, as without the template.
+- once training has ended: what the signal does without the template.
+
+A signal ignored when the process started stays ignored: ``nohup`` keeps a run going after its terminal closes.
 """
 
+import os
 import signal
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
 
+from training.job.node_processes import speaks_for_node
 from training.job.startup import Stopped
 from training.private_api import before_lightning_takes_signals
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# After the save: a scheduler's stop (SIGTERM, SLURM's SIGUSR1) ends well, so a requeued job is no failed one; a
+# person's stop ends as a shell reports a stopped command.
+EXIT_STATUS = {
+    signal.SIGUSR1: 0,
+    signal.SIGTERM: 0,
+    signal.SIGHUP: 128 + signal.SIGHUP,
+    signal.SIGINT: 128 + signal.SIGINT,
+}
+# When the ranks heard different signals, the last of these names the stop.
+URGENCY = (None, signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+CAUSE = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGHUP: "its terminal closing (SIGHUP)"}
+RESUME = "Run the same command again to resume from the run's last checkpoint."
+# Where a process's output goes once its terminal has closed, unless the launcher gave it a node log.
+NODE_LOG = "logs/nodes/node{node_rank}.log"
 
-class StopBeforeTraining:
-    """On SIGTERM before ``trainer`` takes it, passes the signal on to the processes Lightning started on this node
-    and raises ``Stopped`` in the main thread: cli.py prints it once per node and exits with status 1."""
 
-    def __init__(self, trainer: Trainer) -> None:
+def cause(signum: int) -> str:
+    return CAUSE.get(signum, f"a signal ({signal.Signals(signum).name})")
+
+
+def taken(signals: tuple[int, ...] = STOP_SIGNALS) -> list[int]:
+    """The signals of ``signals`` this process may take: not those it started with ignored."""
+    return [signum for signum in signals if signal.getsignal(signum) is not signal.SIG_IGN]
+
+
+def default_handler(signum: int) -> Any:
+    """Python's own handler for ``signum``: Ctrl-C raises KeyboardInterrupt, the others end the process."""
+    return signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+
+
+def leave_closed_terminal() -> None:
+    """Send this process's output to the node's log: a write to a closed terminal fails, and would end training with
+    an error instead of the save."""
+    path = Path(os.environ.get("DDP_NODE_LOG") or NODE_LOG.format(node_rank=os.environ.get("NODE_RANK", "0")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for fd in (1, 2):
+        os.dup2(log, fd)
+    os.close(log)
+
+
+class StopRequests:
+    """The stop requests of this process, from cli.py's checks to the end of training."""
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self.pid = os.getpid()
+        self.training = self.ended = False
+        self.received: int | None = None  # the most urgent signal while training
+        self.interrupts = 0
+        # Asked now: once the terminal has closed, it is no terminal any more.
+        self.on_terminal = any(os.isatty(fd) for fd in (1, 2))
+
+    def start(self, trainer: Trainer) -> None:
+        """Take the stop signals for ``trainer``'s run, SIGTERM until Lightning registers its own handler, which then
+        finds the default; where the run happens in processes of the launcher's own (``ddp_spawn``), each signal gets
+        its default at once."""
         self.trainer = trainer
-        self.previous: Any = None
-
-    def start(self, give_back: Any) -> None:
-        """Take SIGTERM until ``trainer`` registers its own handler, which then finds ``give_back``; where the run
-        happens in processes of the launcher's own (``ddp_spawn``), ``give_back`` takes it at once."""
-        taken = before_lightning_takes_signals(self.trainer, self.end)
-        self.previous = give_back if taken else None
-        signal.signal(signal.SIGTERM, self.stop if taken else give_back)
-
-    def stop(self, signum: int, frame: Any) -> None:
-        self.end()  # a second signal is not caught
-        if self.trainer.interrupted:  # the run already stops on an error, with its own words: the signal ends it
-            signal.raise_signal(signum)
+        if not before_lightning_takes_signals(trainer, lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)):
+            for signum in taken():
+                signal.signal(signum, default_handler(signum))
             return
+        for signum in taken():
+            signal.signal(signum, self.handle)
+
+    def arm(self, trainer: Trainer, noted: int | None) -> None:
+        """From ``trainer``'s start of training, with the request ``noted`` since the sanity check: only note
+        requests."""
+        self.trainer, self.pid, self.training, self.ended = trainer, os.getpid(), True, False
+        self.interrupts, self.received = 0, noted
+
+    def disarm(self) -> None:
+        """At training's end: each signal does what it does without the template."""
+        self.training, self.ended = False, True
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:  # a DataLoader worker forked from this process: its rank stops it
+            return
+        if signum == signal.SIGHUP and self.on_terminal:
+            leave_closed_terminal()
+            self.on_terminal = False
+        if self.training:
+            self.note(signum)
+        elif self.ended or self.trainer.interrupted:
+            # Training has ended, or the run stops on an error with its own words: the signal's own effect.
+            signal.signal(signum, default_handler(signum))
+            signal.raise_signal(signum)
+        else:
+            self.stop(signum)
+
+    def note(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:
+                self.stop_at_once()
+        if self.received is None and self.trainer.strategy.launcher is not None:
+            self.trainer.strategy.launcher.kill(signal.SIGTERM)  # the processes it started on this node
+        if URGENCY.index(signum) > URGENCY.index(self.received):
+            self.received = signum
+
+    def stop_at_once(self) -> None:
+        """A second Ctrl-C: end this process and those it started now, in whatever they do; a checkpoint being
+        written stays a temporary file beside the previous one (training.AtomicCheckpointIO)."""
+        launcher = self.trainer.strategy.launcher
+        if launcher is not None:
+            launcher.kill(signal.SIGKILL)
+        if speaks_for_node():
+            print(
+                f"\nerror: stopped at once by a second Ctrl-C: nothing more was saved. {RESUME}",
+                file=sys.__stderr__,
+                flush=True,
+            )
+        os._exit(EXIT_STATUS[signal.SIGINT])
+
+    def stop(self, signum: int) -> None:
+        for taken_signal in taken():  # a second signal is not caught
+            signal.signal(taken_signal, signal.SIG_DFL)
         launcher = self.trainer.strategy.launcher
         if launcher is not None:  # the processes it started on this node
             launcher.kill(signum)
+        node = f"node {self.trainer.node_rank} ({socket.gethostname()})"
         raise Stopped(
-            f"node {self.trainer.node_rank} ({socket.gethostname()}) was stopped by a signal "
-            f"({signal.Signals(signum).name}) before training started: nothing was trained and no checkpoint was "
+            f"{node} was stopped by {cause(signum)} before training started: nothing was trained and no checkpoint was "
             "written. Run the same command again (on every node) to start the job."
         )
 
-    def end(self) -> None:
-        """Give SIGTERM back to the handler it had before."""
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-            self.previous = None
+
+REQUESTS = StopRequests()

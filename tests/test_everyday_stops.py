@@ -1,0 +1,376 @@
+"""The everyday stops of a one-node job (``python cli.py fit``, 2 CPU processes) as a terminal delivers them: to the
+whole process group, as Ctrl-C does, or by closing the terminal itself.
+
+One run is stopped twice and resumed by the same command each time: Ctrl-C in epoch 0, then its terminal closed in
+epoch 1 (SIGHUP), then trained to its end. Another run gets Ctrl-C twice. Each phase of a start (cli.py's imports,
+the node's processes started, the strategy set up, the sanity check) gets Ctrl-C or SIGHUP once.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import (
+    assert_everything_stopped,
+    copy_project,
+    finish,
+    free_port,
+    launch,
+    launcher_env,
+    wait_for_hold,
+)
+from tests.helpers.one_node import gone, last_paragraph, start, traces
+from tests.helpers.terminal import Terminal
+from training.checkpoints.preemption import CHECK_PERIOD
+
+pytestmark = pytest.mark.distributed
+
+STEPS_PER_EPOCH = 64  # 8192 samples / (64 per batch * 2 processes)
+# Every step sleeps at least this long, so the ranks agree on stopping at most every CHECK_PERIOD / PACE steps after
+# a signal: 40, which keeps a stop asked for 10 steps into an epoch inside that epoch however fast the machine is.
+PACE = CHECK_PERIOD / 40
+RUN = [
+    "--trainer.max_epochs=2",
+    "--trainer.callbacks+=tests.helpers.probe.SlowDown",
+    f"--trainer.callbacks.seconds={PACE}",
+    "--trainer.callbacks.progress_file=progress.step",
+]
+INTERRUPT_STEP, HANGUP_STEP = 10, STEPS_PER_EPOCH + 10
+
+
+def held_at(hold: Path, step: int, release_on_signal: bool = True) -> list[str]:
+    return [
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
+        f"--trainer.callbacks.step={step}",
+        f"--trainer.callbacks.hold_file={hold}",
+        f"--trainer.callbacks.release_on_signal={release_on_signal}",
+    ]
+
+
+def ended(workdir: Path, job: subprocess.Popen, within: float = 120) -> dict:
+    """Once the job's first process has ended and the others with it: what it left."""
+    job.wait(timeout=within)
+    left = [pid for pid in job_processes(workdir) if not gone(pid)]
+    run = workdir / "logs" / "toy" / "default"
+    checkpoints = sorted(path.name for path in (run / "checkpoints").glob("*.ckpt")) if run.exists() else []
+    return {
+        "status": job.returncode,
+        "output": (workdir / "output").read_text(),
+        "left": left,
+        "run": run,
+        "checkpoints": checkpoints,
+    }
+
+
+def job_processes(workdir: Path) -> list[int]:
+    deadline = time.monotonic() + 60
+    while True:
+        pids = [pid for pid in processes_of(workdir) if not gone(pid)]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
+
+
+def processes_of(workdir: Path) -> list[int]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")) == workdir:
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def saved(result: dict) -> dict:
+    """last.ckpt of the run, loaded as a resume loads it; every tensor of its weights finite."""
+    return saved_in(result["run"].parents[2])
+
+
+def saved_in(workdir: Path) -> dict:
+    checkpoint = torch.load(workdir / "logs" / "toy" / "default" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(torch.isfinite(value).all() for value in checkpoint["state_dict"].values())
+    return checkpoint
+
+
+def stop_line(output: str) -> re.Match:
+    lines = output.rstrip().splitlines()
+    assert not traces(output), output
+    found = re.fullmatch(
+        r"Stopped by (.+) at epoch (\d+), step (\d+): saved logs/toy/default/checkpoints/last\.ckpt\. "
+        r"Run the same command again to resume from there\.",
+        lines[-1],
+    )
+    assert found, output
+    return found
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("everyday")
+
+
+@pytest.fixture(scope="module")
+def interrupted(workdir):
+    """Ctrl-C while the ranks hold at INTERRUPT_STEP."""
+    hold = workdir / "interrupt.hold"
+    hold.touch()
+    job = start(workdir, *RUN, *held_at(hold, INTERRUPT_STEP))
+    wait_for_hold(hold, 2, job)
+    os.killpg(job.pid, signal.SIGINT)
+    result = ended(workdir, job)
+    hold.unlink(missing_ok=True)
+    return result | {"checkpoint": saved(result)}
+
+
+@pytest.fixture(scope="module")
+def hung_up(workdir, interrupted):
+    """The same command in a terminal, which closes while the ranks hold at HANGUP_STEP."""
+    hold = workdir / "hangup.hold"
+    hold.touch()
+    terminal = Terminal(workdir / "output")
+    job = start(workdir, *RUN, *held_at(hold, HANGUP_STEP), terminal=terminal.take_control)
+    os.close(terminal.slave)
+    wait_for_hold(hold, 2, job)
+    terminal.close()
+    os.killpg(job.pid, signal.SIGHUP)
+    result = ended(workdir, job)
+    hold.unlink(missing_ok=True)
+    node_log = workdir / "logs" / "nodes" / "node0.log"
+    return result | {"checkpoint": saved(result), "log": node_log.read_text() if node_log.exists() else ""}
+
+
+@pytest.fixture(scope="module")
+def finished(workdir, hung_up):
+    job = start(workdir, *RUN)
+    return ended(workdir, job, within=600)
+
+
+def test_ctrl_c_in_training_saves_last_ckpt_says_so_once_and_stops_every_process(interrupted):
+    assert interrupted["status"] == 130, interrupted["output"]
+    stop = stop_line(interrupted["output"])
+    assert stop[1] == "Ctrl-C (SIGINT)"
+    step = int(stop[3])
+    assert INTERRUPT_STEP <= step < STEPS_PER_EPOCH
+    assert interrupted["checkpoint"]["global_step"] == step
+    assert interrupted["output"].count("Stopped by") == 1
+    assert "KeyboardInterrupt" not in interrupted["output"]
+    assert interrupted["left"] == [], "processes of the job left running"
+    # A best checkpoint is never newer than last.ckpt.
+    assert interrupted["checkpoints"] == ["last.ckpt"]
+
+
+def test_a_closed_terminal_saves_last_ckpt_and_writes_the_paragraph_to_the_node_log(interrupted, hung_up):
+    assert hung_up["status"] == 129, hung_up["output"] + hung_up["log"]
+    resumed_at = interrupted["checkpoint"]["global_step"]
+    assert f"(epoch 0, step {resumed_at})." in hung_up["output"]
+    stop = stop_line(hung_up["log"])
+    assert stop[1] == "its terminal closing (SIGHUP)"
+    assert stop[2] == "1" and HANGUP_STEP <= int(stop[3]) < 2 * STEPS_PER_EPOCH
+    assert hung_up["checkpoint"]["global_step"] == int(stop[3])
+    assert hung_up["left"] == [], "processes of the job left running"
+
+
+def test_the_same_command_resumes_after_each_stop_and_trains_to_the_end(hung_up, finished):
+    assert finished["status"] == 0, finished["output"]
+    step = hung_up["checkpoint"]["global_step"]
+    assert f"Resuming from {finished['run']}/checkpoints/last.ckpt (epoch 1, step {step})." in finished["output"]
+    assert saved(finished)["global_step"] == 2 * STEPS_PER_EPOCH
+
+
+@pytest.fixture(scope="module")
+def interrupted_twice(tmp_path_factory):
+    """Ctrl-C, then Ctrl-C again while the ranks still hold (the first noted by both)."""
+    workdir = tmp_path_factory.mktemp("twice")
+    hold = workdir / "hold"
+    hold.touch()
+    job = start(workdir, *RUN, *held_at(hold, INTERRUPT_STEP, release_on_signal=False))
+    wait_for_hold(hold, 2, job)
+    os.killpg(job.pid, signal.SIGINT)
+    for rank in range(2):
+        while not Path(f"{hold}.signalled.rank{rank}").exists():
+            assert job.poll() is None, (workdir / "output").read_text()
+            time.sleep(0.02)
+    os.killpg(job.pid, signal.SIGINT)
+    return ended(workdir, job)
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line(interrupted_twice):
+    assert interrupted_twice["status"] == 130, interrupted_twice["output"]
+    assert last_paragraph(interrupted_twice["output"]) == (
+        "error: stopped at once by a second Ctrl-C: nothing more was saved. Run the same command again to resume "
+        "from the run's last checkpoint."
+    )
+    assert interrupted_twice["left"] == [], "processes of the job left running"
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for ``signum`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signum - 1)))
+
+
+STARTING = {
+    # where the job is held: its options, the signal, and which words the paragraph starts with
+    "launched": (
+        lambda hold: [
+            "--trainer.strategy.class_path=tests.helpers.probe.HoldWhileStarting",
+            f"--trainer.strategy.init_args.hold_file={hold}",
+            "--trainer.strategy.init_args.at=launched",
+        ],
+        signal.SIGINT,
+    ),
+    "set_up": (
+        lambda hold: [
+            "--trainer.strategy.class_path=tests.helpers.probe.HoldWhileStarting",
+            f"--trainer.strategy.init_args.hold_file={hold}",
+            "--trainer.strategy.init_args.at=set_up",
+        ],
+        signal.SIGHUP,
+    ),
+    "sanity_check": (
+        lambda hold: [
+            "--trainer.callbacks+=tests.helpers.probe.HoldInSanityCheck",
+            f"--trainer.callbacks.hold_file={hold}",
+        ],
+        signal.SIGINT,
+    ),
+}
+
+
+@pytest.mark.parametrize("phase", STARTING)
+def test_ctrl_c_or_sighup_while_the_job_starts_stops_every_process_with_one_paragraph(tmp_path, phase):
+    options, signum = STARTING[phase]
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = start(tmp_path, *RUN, *options(hold))
+    wait_for_hold(hold, 2, job)
+    os.killpg(job.pid, signum)
+    result = ended(tmp_path, job)
+    hold.unlink()
+    assert result["status"] == 1, result["output"]
+    name = signal.Signals(signum).name
+    cause = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "its terminal closing (SIGHUP)"
+    assert last_paragraph(result["output"]) == (
+        f"error: node 0 ({socket.gethostname()}) was stopped by {cause} before training started: nothing was trained "
+        "and no checkpoint was written. Run the same command again (on every node) to start the job."
+    ), name
+    assert result["output"].count("error: ") == 1, result["output"]
+    assert result["left"] == [], "processes of the job left running"
+    assert result["checkpoints"] == []
+
+
+def test_ctrl_c_while_cli_imports_torch_and_lightning_stops_it_with_a_paragraph(tmp_path):
+    job = start(tmp_path)
+    while not catches(job.pid, signal.SIGHUP):  # cli.py's first lines take SIGHUP with SIGINT; Python has SIGINT
+        assert job.poll() is None, (tmp_path / "output").read_text()
+        time.sleep(0.01)
+    os.killpg(job.pid, signal.SIGINT)
+    result = ended(tmp_path, job)
+    assert result["status"] == 1
+    assert last_paragraph(result["output"]) == (
+        f"error: cli.py on {socket.gethostname()} was stopped by a signal (SIGINT) while it started, before "
+        "training: nothing was trained and no checkpoint was written. Run the same command again to start the job."
+    )
+    assert result["left"] == []
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    return copy_project(tmp_path_factory.mktemp("launcher"))
+
+
+@pytest.fixture(scope="module")
+def port():
+    return str(free_port())
+
+
+@pytest.fixture(scope="module")
+def launcher_hung_up(node, port):
+    """The launcher in a terminal that closes while the ranks hold at INTERRUPT_STEP."""
+    hold = node / "hangup.hold"
+    hold.touch()
+    terminal = Terminal(node / "terminal.out")
+    command = [str(node / "scripts" / "run_ddp_train.sh"), "cpu:2", "0", *RUN, *held_at(hold, INTERRUPT_STEP)]
+    env = launcher_env(MASTER_PORT=port)
+    launcher = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=terminal.take_control)
+    os.close(terminal.slave)
+    wait_for_hold(hold, 2, launcher)
+    terminal.close()
+    os.killpg(launcher.pid, signal.SIGHUP)
+    launcher.wait(timeout=120)
+    hold.unlink(missing_ok=True)
+    result = {"status": launcher.returncode, "log": (node / "logs" / "nodes" / "node0.log").read_text()}
+    return result | {"run": node / "logs" / "toy" / "default", "checkpoint": saved_in(node)}
+
+
+def test_a_closed_terminal_on_the_launcher_saves_and_ends_the_node_log_with_the_paragraph(node, port, launcher_hung_up):
+    log = launcher_hung_up["log"]
+    assert launcher_hung_up["status"] == 129, log
+    assert "node 0: the terminal closed, stopping training: sending SIGHUP to" in log
+    stops = [line for line in log.splitlines() if line.startswith("Stopped by")]
+    assert len(stops) == 1, log
+    stop = stop_line(stops[0])
+    assert stop[1] == "its terminal closing (SIGHUP)", log
+    assert stop[2] == "0" and launcher_hung_up["checkpoint"]["global_step"] == int(stop[3]) >= INTERRUPT_STEP
+    assert log.rstrip().endswith("node 0: training exited with status 129; its output is in logs/nodes/node0.log")
+    assert_everything_stopped(node, port)
+
+
+@pytest.fixture(scope="module")
+def detached(node, port, launcher_hung_up):
+    """The same command with DETACH=1, stopped as the line it prints says once the ranks hold at HANGUP_STEP."""
+    hold = node / "detached.hold"
+    hold.touch()
+    output = finish(launch(node, "cpu:2", 0, *RUN, *held_at(hold, HANGUP_STEP), DETACH="1", MASTER_PORT=port))
+    pid = int(re.search(r"as pid (\d+)", output)[1])
+    session, terminal = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3:5]
+    for rank in range(2):
+        while not Path(f"{hold}.rank{rank}").exists():
+            assert not gone(pid), (node / "logs" / "nodes" / "node0.log").read_text()
+            time.sleep(0.05)
+    stop = re.search(r"Stop it, with last.ckpt saved: (kill -INT \d+)", output)[1]
+    subprocess.run(stop.split(), check=True)
+    while not gone(pid):
+        time.sleep(0.05)
+    hold.unlink(missing_ok=True)
+    log = (node / "logs" / "nodes" / "node0.log").read_text()
+    return {
+        "checkpoint": saved_in(node),
+        "output": output,
+        "pid": pid,
+        "session": int(session),
+        "terminal": int(terminal),
+        "log": log,
+        "run": launcher_hung_up["run"],
+    }
+
+
+def test_a_detached_node_runs_in_a_session_of_its_own_without_a_terminal(node, detached):
+    assert (
+        detached["output"]
+        .rstrip()
+        .endswith(
+            f"Follow it: tail -f {node}/logs/nodes/node0.log. Stop it, with "
+            f"last.ckpt saved: kill -INT {detached['pid']}"
+        )
+    )
+    assert detached["session"] == detached["pid"] and detached["terminal"] == 0
+
+
+def test_a_detached_node_resumes_and_its_stop_saves_last_ckpt(node, port, launcher_hung_up, detached):
+    log = detached["log"]
+    previous = launcher_hung_up["checkpoint"]["global_step"]
+    assert f"Resuming from {detached['run']}/checkpoints/last.ckpt (epoch 0, step {previous})." in log
+    stop = stop_line([line for line in log.splitlines() if line.startswith("Stopped by")][-1])
+    assert stop[1] == "Ctrl-C (SIGINT)"
+    assert stop[2] == "1" and detached["checkpoint"]["global_step"] == int(stop[3]) >= HANGUP_STEP
+    assert_everything_stopped(node, port)
