@@ -59,6 +59,7 @@ from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
 from training.job.fingerprint import config_items
+from training.job.forked import end_forked_with_this_process
 from training.job.node_processes import let_later_end, speaks_for_node
 from training.job.stop_signal import REQUESTS
 from training.run.record import RunRecord, name_the_logger
@@ -144,9 +145,11 @@ class CLI(LightningCLI):
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):
             self.parser.error(problem)
-        # From here the job's stop requests (SIGTERM, Ctrl-C, SIGHUP) go to training/job/stop_signal.py.
+        # From here the job's stop requests (SIGTERM, Ctrl-C, SIGHUP) go to training/job/stop_signal.py, and nothing
+        # this process forks (DataLoader workers) outlives it.
         if signal.getsignal(signal.SIGTERM) is stopped_while_starting:
             REQUESTS.start(self.trainer)
+            end_forked_with_this_process()
 
     before_fit = before_validate = before_test = before_predict = check_start
 

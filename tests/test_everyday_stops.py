@@ -26,9 +26,10 @@ from tests.helpers import (
     launcher_env,
     wait_for_hold,
 )
-from tests.helpers.one_node import gone, last_paragraph, start, traces
+from tests.helpers.one_node import gone, last_paragraph, start, traces, wait_gone
 from tests.helpers.terminal import Terminal
 from training.checkpoints.preemption import CHECK_PERIOD
+from training.run.lock import holders
 
 pytestmark = pytest.mark.distributed
 
@@ -374,3 +375,25 @@ def test_a_detached_node_resumes_and_its_stop_saves_last_ckpt(node, port, launch
     assert stop[1] == "Ctrl-C (SIGINT)"
     assert stop[2] == "1" and detached["checkpoint"]["global_step"] == int(stop[3]) >= HANGUP_STEP
     assert_everything_stopped(node, port)
+
+
+def test_a_rank_killed_while_its_dataloader_worker_hangs_leaves_neither_the_worker_nor_the_run_lock(tmp_path):
+    stall = tmp_path / "stall"
+    stall.touch()
+    data = ["--data=tests.zoo.FileSamples", f"--data.init_args.stall_file={stall}", "--trainer.max_epochs=1"]
+    job = start(tmp_path, *data, devices=1)
+    reported = Path(f"{stall}.rank0")
+    while not reported.exists() or not reported.read_text():
+        assert job.poll() is None, (tmp_path / "output").read_text()
+        time.sleep(0.05)
+    worker = int(reported.read_text())
+    job.kill()  # the out-of-memory killer, or kill -9, while the rank waits for the worker's batch
+    job.wait()
+    try:
+        wait_gone(worker, 60)
+        assert holders(tmp_path / "logs" / "toy" / "default" / "fit.lock") == []
+    finally:
+        stall.unlink()  # lets a worker left running end
+    again = ended(tmp_path, start(tmp_path, *data, devices=1), within=600)
+    assert again["status"] == 0, again["output"]
+    assert "is already training" not in again["output"]

@@ -3,11 +3,12 @@
 import os
 import signal
 import socket
+import time
 
 import pytest
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, free_port, run_script
-from training.run.lock import LockFile
+from training.run.lock import LockFile, holders, refusal
 
 ONE_EPOCH = ["--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 
@@ -40,6 +41,35 @@ def test_a_holder_that_died_blocks_nobody(tmp_path):
     assert lock.acquire() is None
     assert f'"pid": {os.getpid()}' in path.read_text()
     lock.release()
+
+
+def test_a_lock_held_by_a_process_its_ended_holder_forked_names_that_process(tmp_path, monkeypatch):
+    monkeypatch.setattr("training.run.lock.ORPHAN_GRACE", 0.0)
+    path = tmp_path / "fit.lock"
+    released = tmp_path / "released"
+    holder = os.fork()
+    if holder == 0:  # takes the lock, forks a child that inherits it (a DataLoader worker that hangs), and ends
+        try:
+            LockFile(path).acquire()
+            if os.fork() == 0:
+                while not released.exists():
+                    time.sleep(0.02)
+        finally:
+            os._exit(0)
+    os.waitpid(holder, 0)
+    forked = holders(path)
+    try:
+        found = LockFile(path).acquire()
+        assert found["pid"] == holder and found["holders"] == forked and len(forked) == 1
+        assert forked[0] != holder
+        paragraph = refusal(tmp_path, found)
+        host = socket.gethostname()
+        assert f"is already training: pid {forked[0]} on {host} (forked by pid {holder}, which has ended) holds " in (
+            paragraph
+        )
+        assert f"stop it (kill {forked[0]} on {host})" in paragraph
+    finally:
+        released.touch()
 
 
 def test_a_second_copy_of_a_run_stops_before_it_trains_and_changes_nothing(run_cli, capsys, tmp_path):

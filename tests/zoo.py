@@ -3,15 +3,20 @@
 Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
 ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
-(lightning-hydra-template's MNIST module), and a classifier whose accuracy saturates (a plateau).
+(lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), and samples read one at
+a time by DataLoader workers from storage that can hang.
 """
+
+import os
+import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -43,6 +48,58 @@ class Blobs(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
+
+
+class Reads(Dataset):
+    """``(x, y)`` pairs read one at a time, as from files on a network mount; the ``stall_at``-th read of a worker of
+    global rank ``stall_rank`` hangs while ``stall_file`` exists (a dead mount), once it wrote its pid to
+    ``<stall_file>.rank<R>``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, stall_file: str, stall_rank: int, stall_at: int) -> None:
+        self.x, self.y = x, y
+        self.stall_file, self.stall_rank, self.stall_at = stall_file, stall_rank, stall_at
+        self.rank = 0
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads += 1
+        if self.stall_file and self.rank == self.stall_rank and self.reads == self.stall_at:
+            stall = Path(self.stall_file)
+            Path(f"{stall}.rank{self.rank}").write_text(str(os.getpid()))
+            while stall.exists():
+                time.sleep(0.05)
+        return self.x[index], self.y[index]
+
+
+class FileSamples(LightningDataModule):
+    """Regression samples read by ``num_workers`` DataLoader workers (``Reads``), the toy model's shapes linked from
+    ``num_features`` and ``num_targets``."""
+
+    def __init__(
+        self,
+        num_samples: int = 512,
+        batch_size: int = 16,
+        num_workers: int = 2,
+        stall_file: str = "",
+        stall_rank: int = 0,
+        stall_at: int = 40,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.num_features, self.num_targets = 8, 1
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        x = torch.randn(hp.num_samples, self.num_features, generator=torch.Generator().manual_seed(0))
+        self.train_set = Reads(x, x.sum(dim=1, keepdim=True), hp.stall_file, hp.stall_rank, hp.stall_at)
+        self.train_set.rank = self.trainer.global_rank if self.trainer else 0
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(self.train_set, batch_size=hp.batch_size, shuffle=True, num_workers=hp.num_workers)
 
 
 class Samples(LightningDataModule):

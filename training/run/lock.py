@@ -40,7 +40,7 @@ class LockFile:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = read_holder(fd)
+                holder = read_holder(fd) | {"holders": holders(self.path)}
                 os.close(fd)
                 if not orphaned(holder) or time.monotonic() > deadline:
                     return holder
@@ -73,6 +73,20 @@ def read_holder(fd: int) -> dict:
         return json.loads(os.read(fd, 4096).decode(errors="replace"))
     except ValueError:
         return {}
+
+
+def holders(path: Path) -> list[int]:
+    """The processes of this host, other than this one, that have ``path`` open: whoever holds its lock is among
+    them, a process forked from the one that wrote itself in included."""
+    target = str(path.resolve())
+    found = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd) == target and int(fd.parts[2]) != os.getpid():
+                found.append(int(fd.parts[2]))
+        except (OSError, ValueError):  # ended meanwhile, or another user's
+            continue
+    return sorted(set(found))
 
 
 def orphaned(holder: dict) -> bool:
@@ -131,6 +145,11 @@ def refusal(run: Path, holder: dict) -> str:
     if holder.get("pid"):
         who = f"another process (pid {holder['pid']} on {holder.get('host', '?')}, since {holder.get('since', '?')})"
     stop = f"stop it (kill {holder['pid']} on {holder.get('host', '?')})" if holder.get("pid") else "stop it"
+    # The one that wrote itself in has ended; processes it forked hold the lock on (DataLoader workers that hang).
+    if holder.get("holders") and holder.get("pid") not in holder["holders"]:
+        pids = " ".join(map(str, holder["holders"]))
+        who = f"pid {pids} on {holder.get('host', '?')} (forked by pid {holder.get('pid')}, which has ended)"
+        stop = f"stop it (kill {pids} on {holder.get('host', '?')})"
     return (
         f"the run in {run.resolve()} is already training: {who} holds its {LOCK_NAME}. Two copies of one run would "
         f"write the same checkpoints and curves. Wait for it to end, {stop}, or start this one as another run with "
