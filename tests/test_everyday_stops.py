@@ -26,9 +26,10 @@ from tests.helpers import (
     launcher_env,
     wait_for_hold,
 )
-from tests.helpers.one_node import gone, last_paragraph, start, traces, wait_gone
+from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
 from tests.helpers.terminal import Terminal
 from training.checkpoints.preemption import CHECK_PERIOD
+from training.job.node_processes import is_frozen
 from training.run.lock import holders
 
 pytestmark = pytest.mark.distributed
@@ -397,3 +398,49 @@ def test_a_rank_killed_while_its_dataloader_worker_hangs_leaves_neither_the_work
     again = ended(tmp_path, start(tmp_path, *data, devices=1), within=600)
     assert again["status"] == 0, again["output"]
     assert "is already training" not in again["output"]
+
+
+PEER_TIMEOUT = 5  # seconds: a shorter peer_timeout than the config's, so that the suspension below outlasts it
+SHORT_RUN = ["--trainer.max_epochs=1", "--data.init_args.num_train=1024", "--trainer.logger=false"]  # 8 steps
+QUICK_LIVENESS = f"--trainer.strategy.init_args.peer_timeout=0:00:{PEER_TIMEOUT:02d}"
+
+
+def test_a_job_suspended_as_a_whole_for_longer_than_peer_timeout_goes_on_once_resumed(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = start(tmp_path, *SHORT_RUN, QUICK_LIVENESS, *held_at(hold, 3, release_on_signal=False))
+    wait_for_hold(hold, 2, job)
+    pids = local_ranks(tmp_path, job, 2)
+    # Ctrl-Z's SIGTSTP stops a foreground job; the kernel drops it for a process group that, as here, has no parent
+    # in its session.
+    os.killpg(job.pid, signal.SIGSTOP)
+    while not all(is_frozen(pid) for pid in pids):
+        time.sleep(0.05)
+    time.sleep(2 * PEER_TIMEOUT)  # the suspension itself: on the wall clock, which a process's timeouts follow
+    os.killpg(job.pid, signal.SIGCONT)  # fg
+    hold.unlink()
+    result = ended(tmp_path, job, within=600)
+    assert result["status"] == 0, result["output"]
+    assert "error:" not in result["output"]
+
+
+def test_a_frozen_rank_0_is_named_and_ended_by_its_node_within_peer_timeout(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = start(tmp_path, *SHORT_RUN, QUICK_LIVENESS, *held_at(hold, 3, release_on_signal=False))
+    wait_for_hold(hold, 2, job)
+    one = local_ranks(tmp_path, job, 2)[1]
+    os.kill(job.pid, signal.SIGSTOP)  # a hung process that never runs again
+    hold.unlink()  # rank 1 goes on to its next step, and waits for rank 0 in its gradient all-reduce
+    result = ended(tmp_path, job)
+    assert result["status"] == -signal.SIGKILL
+    wait_gone(one, 60)
+    paragraph = last_paragraph(result["output"])
+    assert paragraph.startswith(
+        f"error: the job stopped: rank 0 (local rank 0, pid {job.pid}) of node 0 ({socket.gethostname()}) is frozen "
+        "(stopped by SIGSTOP, Ctrl-Z or a debugger, with no SIGCONT since): no heartbeat, for longer than peer_timeout "
+        f"(0:00:{PEER_TIMEOUT:02d}), so this node stopped rather than wait out the collective timeout (0:30:00). "
+        "It was ended with the job."
+    ), paragraph
+    assert result["output"].count("error: ") == 1
+    assert result["left"] == []

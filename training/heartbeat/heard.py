@@ -38,6 +38,13 @@ class Hearing:
             if previous is None or previous.beat.get("count") != beat.get("count"):
                 self.peers[rank] = Heard(beat, time.monotonic())
 
+    def resumed(self, now: float) -> None:
+        """This process did not run for a while (suspended with its job, or starved of CPU): what it heard before
+        says nothing of the time it missed, so every silence counts from ``now``."""
+        self.started = self.store = now
+        for peer in self.peers.values():
+            peer.changed = now
+
     def fresh(self, now: float) -> bool:
         """Whether the store answered within the last two periods."""
         return now - self.store <= 2 * self.period

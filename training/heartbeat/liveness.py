@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -24,7 +25,7 @@ from torch.distributed import Store
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
 from training.heartbeat.verdicts import Verdicts
-from training.job.node_processes import NodeProcesses, end_later, speaks_for_node
+from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
 from training.job.store import connect
 
 PREFIX = "liveness"
@@ -122,6 +123,8 @@ class Liveness(Verdicts):
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
         self._publish()
+        if self.node is not None:  # a frozen process that started this one would speak for the node, and never end
+            end_frozen_starter()
         if self.announce or (self.node is not None and speaks_for_node()):
             sys.stdout.flush()
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
@@ -182,7 +185,14 @@ class Liveness(Verdicts):
         return connect(host, port, False, timeout, f"node {self.me['node']}")
 
     def _watch(self) -> None:
+        last = time.monotonic()
         while not self.stopped.wait(self.period):
+            now = time.monotonic()
+            # Woken far later than asked: this process was frozen (Ctrl-Z, SIGSTOP) or starved. The silences it would
+            # see are its own; a job suspended as a whole and resumed goes on.
+            if now - last > self.period + max(2 * self.period, self.peer_timeout.total_seconds() / 4):
+                self.hearing.resumed(now)
+            last = now
             if paragraph := self.verdict(self.peer_timeout.total_seconds(), self.why):
                 self.stop_job(paragraph)
 

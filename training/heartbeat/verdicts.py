@@ -74,6 +74,9 @@ class Verdicts:
         store_silent = now - self.hearing.store > silence
         if (failed or store_silent) and self.node and (starter := self.node.starter_ended()):
             return why_stopped.process_ended(starter, self._tail(None))
+        silent_peers = self.hearing.fresh(now) and self.hearing.silent(now, silence)
+        if (store_silent or silent_peers) and self.node and (frozen := self.node.frozen()):
+            return why_stopped.process_frozen(frozen, why, self._tail(None))
         if store_silent:
             zero = heard[0].beat if 0 in heard else {}
             if zero.get("state") == "done":  # the job ended: global rank 0, and its store, are gone

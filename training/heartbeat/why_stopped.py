@@ -101,6 +101,14 @@ def process_ended(what: str, tail: str) -> str:
     return f"the job stopped: {what}, and the rest of the job stopped with it. {tail}"
 
 
+def process_frozen(what: str, why: str, tail: str) -> str:
+    """``what``: a process of this node that is frozen (training/job/node_processes.py)."""
+    return (
+        f"the job stopped: {what} is frozen (stopped by SIGSTOP, Ctrl-Z or a debugger, with no SIGCONT since): no "
+        f"heartbeat, {why}. It was ended with the job. {tail}"
+    )
+
+
 def collective_timeout(error: BaseException, timeout: timedelta, tail: str) -> str:
     return (
         f"{collective_name(error)} waited longer than the collective timeout ({timeout}) and failed, while every "

@@ -138,6 +138,28 @@ def let_later_end(grace: float = GRACE_SECONDS) -> None:
     end_later()
 
 
+def is_frozen(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, Ctrl-Z, a debugger): none of its threads runs, its heartbeat's
+    neither."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def end_frozen_starter(grace: float = GRACE_SECONDS) -> None:
+    """Kill the process that started this one if it is frozen, and wait up to ``grace`` seconds for it to be gone:
+    nobody else would end it, and the command that started it would wait for it forever."""
+    pid = starter()
+    if pid is None or starter_gone() or not is_frozen(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while not starter_gone() and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+
+
 def how_it_ended(status: int) -> str:
     if status >= 0:
         return f"ended with exit status {status} (its output above says why)"
@@ -168,6 +190,17 @@ class NodeProcesses:
                         f"rank {rank} (local rank {local_rank}, pid {process.pid}) of {self.where} "
                         f"{how_it_ended(process.returncode)}"
                     )
+        return ""
+
+    def frozen(self) -> str:
+        """A process of this node that is frozen, named; "" if none."""
+        if (started_by := starter()) is None:
+            others = later()
+        else:
+            others = {0: started_by} | {rank: pid for rank, pid in running().items() if pid != os.getpid()}
+        for local_rank, pid in sorted(others.items()):
+            if is_frozen(pid):
+                return f"rank {self.first_rank + local_rank} (local rank {local_rank}, pid {pid}) of {self.where}"
         return ""
 
     def starter_ended(self) -> str:
