@@ -25,6 +25,7 @@ from training.checkpoints.agreement import loads_problem, model_mismatch
 from training.checkpoints.save_agreement import SaveAgreement
 from training.heartbeat import why_stopped
 from training.heartbeat.liveness import Liveness
+from training.heartbeat.stall import Activity
 from training.job import node_processes
 from training.job.elastic import nodes_present
 from training.job.fingerprint import checkpoint_fact, code_digest
@@ -57,6 +58,8 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         peer_timeout: how long a process may go unheard before the job counts it as lost, e.g. ``"0:01:00"``.
         min_nodes: the fewest nodes an elastic job goes on with, under torchrun (training/job/elastic.py);
             ``trainer.num_nodes`` is then the most. None: always ``trainer.num_nodes``.
+        stall_report, stall_timeout: a process that made no progress in training for this long while the others
+            wait for it is named in every node's log; then the job stops (training/heartbeat/stall.py). 0: never.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
@@ -67,10 +70,13 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         join_timeout: timedelta = timedelta(minutes=10),
         peer_timeout: timedelta = timedelta(minutes=1),
         min_nodes: int | None = None,
+        stall_report: timedelta = timedelta(minutes=2),
+        stall_timeout: timedelta = timedelta(minutes=5),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, timeout=timeout, **kwargs)
         self.min_nodes = min_nodes
+        self.stall = (stall_report, stall_timeout)
         self.configured_nodes = 1  # the config's num_nodes, which the Trainer sets below
         self.timeout = timeout
         self.join_timeout = join_timeout
@@ -245,6 +251,8 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             self._progress,
             announce=self.local_rank == 0,
             node=self._node_processes(),
+            activity=Activity(lambda: self.running, self.stall[0].total_seconds()),
+            stall=self.stall,
         )
 
     def _progress(self) -> tuple[int, int] | None:

@@ -24,6 +24,7 @@ from torch.distributed import Store
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
+from training.heartbeat.stall import stalled, where_it_waits
 from training.heartbeat.verdicts import Verdicts
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
 from training.job.store import connect
@@ -53,6 +54,9 @@ class Liveness(Verdicts):
         node: what this process knows of its node's other processes (training/job/node_processes.py): one killed is
             named at once; the end of the one that started this process, once a collective fails or the store
             falls silent (it may also have ended well, a moment before this one).
+        activity: this process's progress in training, for its heartbeat (training/heartbeat/stall.py).
+        stall: ``(stall_report, stall_timeout)``: a process that made no progress in training for the first while
+            the others wait for it is named in every node's log; after the second (unless 0) the job stops.
     """
 
     def __init__(
@@ -65,15 +69,21 @@ class Liveness(Verdicts):
         progress: Callable[[], tuple[int, int] | None],
         announce: bool,
         node: NodeProcesses | None = None,
+        activity: Callable[[], dict[str, Any]] = dict,
+        stall: tuple[timedelta, timedelta] = (timedelta(0), timedelta(0)),
     ) -> None:
         self.store = store
         self.store_address = f"{store[0]}:{store[1]}"
-        self.me = {**me, "host": socket.gethostname(), "address": address_towards(store[0], store[1])}
+        self.me = {**me, "pid": os.getpid(), "host": socket.gethostname(), "address": address_towards(*store)}
+        self.activity = activity
+        self.stall_report, self.stall_timeout = stall
+        self.reported: dict[int, tuple[int, str]] = {}
         self.world_size = world_size
         self.peer_timeout = peer_timeout
         self.period = beat_period(peer_timeout)
         self.progress = progress
         self.describe = {"command": why_stopped.launch_command(), "collective_timeout": collective_timeout}
+        self.collective_timeout = collective_timeout
         self.announce = announce
         self.node = node
         self.state: dict[str, Any] = {"state": "running"}
@@ -134,7 +144,7 @@ class Liveness(Verdicts):
 
     def _beat_value(self) -> str:
         self.count += 1
-        beat = {"count": self.count, **self.me, **self.state}
+        beat = {"count": self.count, **self.me, **self.state, **self.activity()}
         if self.checkpoint:
             beat["checkpoint"] = self.checkpoint
         return json.dumps(beat)
@@ -195,6 +205,25 @@ class Liveness(Verdicts):
             last = now
             if paragraph := self.verdict(self.peer_timeout.total_seconds(), self.why):
                 self.stop_job(paragraph)
+            if self.stall_report:
+                self._check_stalls()
+
+    def _check_stalls(self) -> None:
+        """Name a process that has made no progress for stall_report once per stall in the node's log; stop the job
+        once a stalled one has made none for stall_timeout."""
+        beats = {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}
+        for rank, what in stalled(beats, self.stall_report.total_seconds()).items():
+            if self.reported.get(rank) != (beats[rank]["batches"], what):
+                self.reported[rank] = (beats[rank]["batches"], what)
+                if self.announce or (self.node is not None and speaks_for_node()):
+                    report = why_stopped.stall_report(beats[rank], what, self.stall_timeout, self.collective_timeout)
+                    print(f"\n{report}", file=sys.stderr, flush=True)
+        if not self.stall_timeout:
+            return
+        for rank, what in stalled(beats, self.stall_timeout.total_seconds()).items():
+            if what == "training":
+                place = where_it_waits(beats[rank])
+                self.stop_job(why_stopped.stalled(beats[rank], place, self.stall_timeout, self._tail(None)))
 
 
 def address_towards(host: str, port: int) -> str:

@@ -101,6 +101,38 @@ def process_ended(what: str, tail: str) -> str:
     return f"the job stopped: {what}, and the rest of the job stopped with it. {tail}"
 
 
+def who(beat: dict[str, Any]) -> str:
+    return f"rank {beat.get('rank')} (local rank {beat.get('local')}, pid {beat.get('pid')}) of {where(beat)}"
+
+
+def stall_report(beat: dict[str, Any], what: str, stall_timeout: timedelta, collective_timeout: timedelta) -> str:
+    """What every node logs of a process that has made no progress for a while, as ``what`` says (stall.py)."""
+    at = f"at epoch {beat.get('epoch')}, step {beat.get('step')}"
+    if what != "training":
+        return f"note: {who(beat)} has been {what} for {beat['quiet']:.0f} s ({at}); the other processes wait for it."
+    stops = (
+        f"The job stops once it has made none for trainer.strategy.init_args.stall_timeout ({stall_timeout})"
+        if stall_timeout
+        else f"The job waits for it up to the collective timeout ({collective_timeout}; stall_timeout is 0)"
+    )
+    return (
+        f"warning: {who(beat)} has made no progress in training for {beat['quiet']:.0f} s ({at}), while the other "
+        f"processes wait for it in a collective. Its main thread is at:\n{''.join(beat.get('stack', [])).rstrip()}\n"
+        f"{stops}."
+    )
+
+
+def stalled(beat: dict[str, Any], place: str, stall_timeout: timedelta, tail: str) -> str:
+    return (
+        f"the job stopped: {who(beat)} made no progress in training for {beat['quiet']:.0f} s (at epoch "
+        f"{beat.get('epoch')}, step {beat.get('step')}), longer than stall_timeout ({stall_timeout}), while the other "
+        f"processes waited for it in a collective. Its main thread was in {place}; every node's log shows its stack. "
+        "A data loader that blocks (a dataset on a dead mount, a DataLoader worker deadlocked as it started) or a "
+        "hung call in the step stalls a process so; to wait for it up to the collective timeout instead, set "
+        f"trainer.strategy.init_args.stall_timeout to 0. {tail}"
+    )
+
+
 def process_frozen(what: str, why: str, tail: str) -> str:
     """``what``: a process of this node that is frozen (training/job/node_processes.py)."""
     return (
