@@ -9,7 +9,8 @@ from types import SimpleNamespace
 from lightning.pytorch.trainer.states import RunningStage
 
 from training.heartbeat import why_stopped
-from training.heartbeat.stall import Activity, main_stack, stalled, where_it_waits
+from training.heartbeat.stall import Activity, stalled, where_it_waits
+from training.private_api import main_thread_stack
 
 IN_DATASET = ['  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n    return self.read(index)\n']
 IN_FORWARD = ['  File "/home/me/my_pkg/model.py", line 7, in forward\n    return self.net(x)\n']
@@ -82,7 +83,7 @@ def test_a_process_tells_its_progress_and_once_it_stopped_making_any_where_its_m
 
 def test_the_main_threads_stack_is_read_from_another_thread():
     found = []
-    reader = threading.Thread(target=lambda: found.extend(main_stack()))
+    reader = threading.Thread(target=lambda: found.extend(main_thread_stack(12)))
     reader.start()
     reader.join()
     assert "test_the_main_threads_stack_is_read_from_another_thread" in "".join(found)

@@ -1,40 +1,37 @@
-from training.callbacks.early_stopping import StayStopped
-from training.callbacks.monitor_check import MonitorCheck
-from training.callbacks.prediction_writer import PredictionWriter, Seq2SeqPredictionWriter
-from training.callbacks.progress_bar import ProgressBar
-from training.callbacks.unused_parameters import UnusedParameterCheck
-from training.checkpoints.atomic_io import AtomicCheckpointIO
-from training.checkpoints.last import LastCheckpoint
-from training.checkpoints.preemption import PreemptionCheckpoint
-from training.checkpoints.resume import ResumeReport
-from training.checkpoints.rng_state import RNGStateCheckpoint
-from training.job.elastic import GlobalBatch
-from training.job.startup import StartupError
-from training.run.csv_logger import CSVLogger
-from training.run.lock import RunLock
-from training.run.mlflow_logger import MLFlowLogger
-from training.run.profiler import ScheduledProfiler
-from training.step_time.callback import StepTime
-from training.strategy import DDPStrategy
+"""What the template adds to Lightning, by the names the configs give (``training.DDPStrategy``, ...).
 
-__all__ = [
-    "AtomicCheckpointIO",
-    "CSVLogger",
-    "DDPStrategy",
-    "GlobalBatch",
-    "LastCheckpoint",
-    "MLFlowLogger",
-    "MonitorCheck",
-    "PredictionWriter",
-    "PreemptionCheckpoint",
-    "ProgressBar",
-    "RNGStateCheckpoint",
-    "RunLock",
-    "ResumeReport",
-    "ScheduledProfiler",
-    "Seq2SeqPredictionWriter",
-    "StayStopped",
-    "StepTime",
-    "StartupError",
-    "UnusedParameterCheck",
-]
+Each name is imported when it is first asked for: cli.py takes the stop signals from ``training.job.early`` before
+torch and Lightning are imported, which takes seconds.
+"""
+
+import importlib
+from typing import Any
+
+WHERE = {
+    "AtomicCheckpointIO": "training.checkpoints.atomic_io",
+    "CSVLogger": "training.run.csv_logger",
+    "DDPStrategy": "training.strategy",
+    "GlobalBatch": "training.job.elastic",
+    "LastCheckpoint": "training.checkpoints.last",
+    "MLFlowLogger": "training.run.mlflow_logger",
+    "MonitorCheck": "training.callbacks.monitor_check",
+    "PredictionWriter": "training.callbacks.prediction_writer",
+    "PreemptionCheckpoint": "training.checkpoints.preemption",
+    "ProgressBar": "training.callbacks.progress_bar",
+    "RNGStateCheckpoint": "training.checkpoints.rng_state",
+    "ResumeReport": "training.checkpoints.resume",
+    "RunLock": "training.run.lock",
+    "ScheduledProfiler": "training.run.profiler",
+    "Seq2SeqPredictionWriter": "training.callbacks.prediction_writer",
+    "StartupError": "training.job.startup",
+    "StayStopped": "training.callbacks.early_stopping",
+    "StepTime": "training.step_time.callback",
+    "UnusedParameterCheck": "training.callbacks.unused_parameters",
+}
+__all__ = sorted(WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in WHERE:
+        raise AttributeError(f"module 'training' has no attribute {name!r}")
+    return getattr(importlib.import_module(WHERE[name]), name)

@@ -7,6 +7,9 @@ from here, so an upgrade is checked in one place.
 """
 
 import subprocess
+import sys
+import threading
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -113,6 +116,18 @@ def before_lightning_takes_signals(trainer: Trainer, hand_over: Callable[[], Non
 
     connector.register_signal_handlers = registering
     return True
+
+
+def main_thread_stack(frames: int) -> list[str]:
+    """The innermost ``frames`` frames of the main thread's Python stack, as traceback prints them, read from another
+    thread while the main thread may wait in C.
+
+    training/heartbeat/stall.py names where a stalled process waits; CPython shows another thread's frame only through
+    ``sys._current_frames`` (documented, with a leading underscore all the same), which this template checked with
+    CPython 3.11 and 3.12.
+    """
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return traceback.format_stack(frame)[-frames:] if frame is not None else []
 
 
 class AppendingExperimentWriter(ExperimentWriter):

@@ -9,25 +9,18 @@ while the main thread waits in C. training/heartbeat/liveness.py names a stalled
 busy, not stalled, and the others' logs say so.
 """
 
-import sys
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch import Trainer
 
+from training.private_api import main_thread_stack
+
 # Frames of a process that waits for the others: a collective, or DDP's gradient all-reduce inside backward.
 WAITING = ("torch/distributed/", "torch/autograd/", "torch/nn/parallel/distributed.py")
 SAVING = ("torch/serialization.py", "save_checkpoint")
 STACK_FRAMES = 12
-
-
-def main_stack() -> list[str]:
-    """The innermost frames of the main thread, as traceback prints them."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    return traceback.format_stack(frame)[-STACK_FRAMES:] if frame is not None else []
 
 
 class Activity:
@@ -52,7 +45,7 @@ class Activity:
         activity = {"batches": progress[0], "stage": progress[1], "quiet": round(quiet, 1)}
         activity |= {"epoch": trainer.current_epoch, "step": trainer.global_step}
         if self.stack_after and quiet >= self.stack_after:
-            activity["stack"] = main_stack()
+            activity["stack"] = main_thread_stack(STACK_FRAMES)
         return activity
 
 

@@ -1,0 +1,36 @@
+"""A stop while cli.py starts, before anything of the run exists: one paragraph instead of a traceback from the middle
+of an import. Standard library only: it is taken before torch and Lightning are imported, which takes seconds."""
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stopped_while_starting(signum: int, frame: object) -> None:
+    # The first process of a node speaks for it: srun gives its processes SLURM_LOCALID, not LOCAL_RANK.
+    if (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0") == "0":
+        with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
+            print(
+                f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) "
+                "while it started, before training: nothing was trained and no checkpoint was written. Run the same "
+                "command again to start the job.",
+                file=sys.stderr,
+            )
+    sys.exit(1)
+
+
+def take_stop_signals() -> None:
+    """Stop with the paragraph on SIGTERM, Ctrl-C and SIGHUP, until training/job/stop_signal.py takes them; a signal
+    ignored when the process started stays ignored (nohup's SIGHUP, a script's background SIGINT)."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, stopped_while_starting)
+
+
+def taken() -> bool:
+    """Whether this process took the stop signals at its start (cli.py run as a script, not a test's call)."""
+    return signal.getsignal(signal.SIGTERM) is stopped_while_starting
