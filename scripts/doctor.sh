@@ -17,6 +17,10 @@
 #                       comm_bench.{csv,json,png} to LOG_DIR/doctor on the master
 #   BENCH_MAX_MB=64     the largest message of the benchmark, in MiB
 #   DOCTOR_TIMEOUT=N    seconds the master waits for every process (default: CONNECT_TIMEOUT)
+[ -n "${BASH_VERSION:-}" ] || {
+    echo "error: $0 is a bash script; run it as $0 or with bash, not sh." >&2
+    exit 2
+}
 set -euo pipefail
 
 project=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

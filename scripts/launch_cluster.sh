@@ -24,6 +24,10 @@
 #   SSH_OPTS="-i $HOME/.ssh/cluster -p 2222"   more ssh options, split at spaces
 #   STOP_TIMEOUT=30     seconds a node has to stop training before it is killed
 #   DRY_RUN=1           print each node's ssh command and connect to nothing
+[ -n "${BASH_VERSION:-}" ] || {
+    echo "error: $0 is a bash script; run it as $0 or with bash, not sh." >&2
+    exit 2
+}
 set -euo pipefail
 
 project=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

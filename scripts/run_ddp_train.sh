@@ -29,6 +29,10 @@
 #   STOP_WITH_STDIN=1   a line INT or TERM on standard input acts as that signal, and its end as SIGTERM
 #                       (scripts/launch_cluster.sh sets it: a node stops when its ssh connection closes)
 #   PYTHON=python       the Python interpreter
+[ -n "${BASH_VERSION:-}" ] || {
+    echo "error: $0 is a bash script; run it as $0 or with bash, not sh." >&2
+    exit 2
+}
 set -euo pipefail
 
 project=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

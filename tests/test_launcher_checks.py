@@ -4,6 +4,7 @@ wrong host, and the dry run. No training process starts here; tests/test_launche
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import time
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from scripts import gpu_check
-from tests.helpers import copy_project, free_port, launch, launcher_env
+from tests.helpers import REPO, copy_project, free_port, launch, launcher_env
 
 
 @pytest.fixture(scope="module")
@@ -356,3 +357,13 @@ def test_busy_master_port_names_the_process(node):
         err = fails(node, "cpu:1", "0", MASTER_PORT=str(port))
     holder_name = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
     assert f"MASTER_PORT {port} is already in use on the master, by {holder_name} (pid {os.getpid()})" in err
+
+
+@pytest.mark.parametrize("script", ["run_ddp_train.sh", "launch_cluster.sh", "doctor.sh"])
+def test_a_launcher_run_by_sh_says_to_run_it_with_bash(script):
+    shell = shutil.which("dash") or shutil.which("sh")
+    result = subprocess.run([shell, f"scripts/{script}", "0", "0"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert (
+        result.stderr == f"error: scripts/{script} is a bash script; run it as scripts/{script} or with bash, not sh.\n"
+    )

@@ -8,6 +8,7 @@ from lightning.pytorch.loggers import Logger
 
 from tests.helpers import DDP_YAML, SINGLE_PROCESS
 from tests.test_cli import expect_usage_error, one_paragraph
+from training.run.record import logger_name
 
 
 class NotebookLogger(Logger):
@@ -74,3 +75,19 @@ def test_a_logger_the_template_does_not_know_is_refused_by_name(run_cli, capsys,
     paragraph = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, f"--trainer.logger={given}"))
     assert f"trainer.logger {logger} is not known to keep what earlier attempts of a run logged" in paragraph
     assert "training.CSVLogger" in paragraph and "TensorBoardLogger" in paragraph
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("models.ToyModel", "toy"),
+        ("my_pkg.MyModel", "my"),
+        ("zoo.TinyResNet", "tiny_res_net"),
+        ("zoo.EMAClassifier", "ema_classifier"),
+        ("zoo.GPT2LMHeadModel", "gpt2_lm_head"),
+        ("zoo.Model", "model"),
+        (None, "model"),
+    ],
+)
+def test_a_run_is_named_after_its_model_class_in_snake_case(model, name):
+    assert logger_name(model) == name

@@ -44,7 +44,8 @@ def name_the_logger(config: Namespace, subcommand: str) -> None:
 def logger_name(model_class_path: str | None) -> str:
     """The name a logger given ``name: null`` gets: the model class in snake case without a trailing ``Model``."""
     model = model_class_path.rsplit(".", 1)[-1] if model_class_path else "model"
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", model.removesuffix("Model") or model).lower()
+    words = re.sub(r"(?<=.)(?=[A-Z][a-z])", "_", model.removesuffix("Model") or model)  # EMA_Classifier
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", words).lower()
 
 
 def run_directory(trainer: Trainer) -> str | None:
