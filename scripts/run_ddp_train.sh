@@ -24,6 +24,7 @@
 #   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
 #   DRY_RUN=1           print this node's environment and command, then exit
 #   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM/SIGHUP to training and killing it
+#   FROZEN_TIMEOUT=300  seconds training may stay stopped (SIGSTOP, a debugger gone) before it is killed; 0: never
 #   DETACH=1            run this node in the background, on after its terminal or ssh session closes: its output
 #                       goes to logs/nodes/node<N>.log only, and the line printed says how to follow and stop it
 #   STOP_WITH_STDIN=1   a line INT or TERM on standard input acts as that signal, and its end as SIGTERM
@@ -114,8 +115,27 @@ stop_following() {
     [[ -z ${stdin_follower:-} ]] || kill "$stdin_follower" 2>/dev/null || true
 }
 
+# A training process stopped for good (SIGSTOP, a debugger that went away) never ends, and every other node stops
+# after peer_timeout: end it once it has been stopped for FROZEN_TIMEOUT seconds, so that this command does not wait
+# forever. (A node's other processes end a stopped local rank 0 sooner; Ctrl-Z here stops this script with it.)
+# shellcheck disable=SC2329  # runs in the background
+watch_frozen() {
+    local since="" stat
+    while sleep 1 && { stat=$(<"/proc/$child/stat"); } 2>/dev/null; do
+        stat=${stat##*) }
+        if [[ ${stat%% *} != [Tt] ]]; then
+            since=""
+        elif ((SECONDS - ${since:=$SECONDS} >= FROZEN_TIMEOUT)); then
+            kill -s KILL "$child" 2>/dev/null || true
+            echo "node $NODE_RANK: training (pid $child) had been stopped for ${FROZEN_TIMEOUT}s: killed it" >&2
+            return
+        fi
+    done
+}
+
 # shellcheck disable=SC2329  # called from traps
 on_exit() {
+    [[ -z ${frozen_watch:-} ]] || kill "$frozen_watch" 2>/dev/null || true
     stop_following
     stop_launch KILL "exiting" "$(launch_processes)"
     [[ -z ${fifo_dir:-} ]] || rm -rf "$fifo_dir"
@@ -129,6 +149,8 @@ done
 LAUNCHER=${LAUNCHER:-lightning}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 STOP_TIMEOUT=${STOP_TIMEOUT:-30}
+FROZEN_TIMEOUT=${FROZEN_TIMEOUT:-300}
+[[ $FROZEN_TIMEOUT =~ ^[0-9]+$ ]] || die "FROZEN_TIMEOUT=$FROZEN_TIMEOUT is not a number of seconds."
 [[ $LAUNCHER == lightning || $LAUNCHER == torchrun ]] || die "LAUNCHER=$LAUNCHER: use lightning (the default) or torchrun."
 [[ $MAX_RESTARTS =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=$MAX_RESTARTS is not a non-negative integer."
 ELASTIC_WAIT=${ELASTIC_WAIT:-30}
@@ -245,6 +267,10 @@ tee_pid=$!
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.
 (trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "DDP_NODE_LOG=$log_file" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
 child=$!
+if ((FROZEN_TIMEOUT > 0)); then
+    watch_frozen &
+    frozen_watch=$!
+fi
 
 # A trapped signal ends `wait` early with 128+signal; wait again for the status training exited with.
 trapped=1

@@ -524,3 +524,21 @@ def test_both_nodes_resume_from_the_save_by_the_same_commands(two_nodes_interrup
         assert status == 0, output
     assert f"(epoch 0, step {step})." in two_nodes_interrupted["resumed"][0][0]
     assert saved_in(two_nodes_interrupted["project"])["global_step"] == 2 * STEPS_PER_EPOCH
+
+
+def test_the_launcher_kills_a_training_process_stopped_for_frozen_timeout(tmp_path):
+    """One process on the node: no other one there ends it (the other nodes would stop after peer_timeout)."""
+    node = copy_project(tmp_path / "node")
+    port = str(free_port())
+    hold = node / "hold"
+    hold.touch()
+    args = [*SHORT_RUN, *held_at(hold, 3, release_on_signal=False)]
+    launcher = launch(node, "cpu:1", 0, *args, FROZEN_TIMEOUT="3", MASTER_PORT=port)
+    wait_for_hold(hold, 1, launcher)
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in processes_in(node)}
+    [training] = [pid for pid, line in commands.items() if b"cli.py" in line and b"run_ddp_train" not in line]
+    os.kill(training, signal.SIGSTOP)
+    output, _ = launcher.communicate(timeout=300)
+    assert launcher.returncode == 128 + signal.SIGKILL, output
+    assert f"node 0: training (pid {training}) had been stopped for 3s: killed it" in output
+    assert_everything_stopped(node, port)
