@@ -79,3 +79,17 @@ def test_fp16_on_cpu_stops_before_training_naming_bf16_mixed(run_cli, capsys):
         assert f"error: {origin} asks for float16 mixed precision, which Lightning runs on CUDA GPUs only" in err
         assert "set trainer.precision=bf16-mixed (configs/bf16.yaml instead of configs/fp16.yaml)" in err
         assert "Traceback" not in err
+
+
+def test_sync_batchnorm_on_cpu_stops_before_training_with_one_paragraph(run_cli, capsys):
+    # Lightning would build the job and every process would stop with "SyncBatchNorm layers only work with GPU
+    # modules" at its first batch.
+    with pytest.raises(SystemExit) as exit_:
+        run_cli("fit", "-c", DDP_YAML, "--trainer.sync_batchnorm=true", *SINGLE_PROCESS, "--trainer.accelerator=cpu")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: --trainer.sync_batchnorm on the command line converts batch norm layers to torch's SyncBatchNorm, which"
+        " runs on CUDA GPUs only, and trainer.accelerator=cpu: every process would stop at its first batch." in err
+    )
+    assert "Traceback" not in err

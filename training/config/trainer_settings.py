@@ -54,8 +54,9 @@ def runs_on_cpu(trainer: dict[str, Any]) -> bool:
 
 def gpu_only_problem(config: dict[str, Any]) -> str | None:
     """The paragraph for a setting only a GPU runs, in ``config`` (a subcommand's, a dict) that runs on CPU: FSDP,
-    which Lightning refuses advising accelerator='cuda' even where there is none, and float16 mixed precision,
-    which Lightning replaces with bfloat16 on CPU with a one-line warning."""
+    which Lightning refuses advising accelerator='cuda' even where there is none, SyncBatchNorm, which fails in every
+    process at its first batch, and float16 mixed precision, which Lightning replaces with bfloat16 on CPU with a
+    one-line warning."""
     trainer = config.get("trainer") or {}
     where = "trainer.accelerator=cpu" if trainer.get("accelerator") == "cpu" else "this machine has no CUDA GPU"
     cpu_only = trainer.get("accelerator") == "cpu" or not CUDAAccelerator.is_available()
@@ -64,6 +65,12 @@ def gpu_only_problem(config: dict[str, Any]) -> str | None:
             f"{_origin('trainer.strategy', config)} shards the model with FSDP, which runs on CUDA GPUs only, and "
             f"{where}. On CPU, train with DDP, the strategy of configs/ddp.yaml (leave that setting out): it runs "
             "trainer.devices processes with gloo."
+        )
+    if trainer.get("sync_batchnorm") and cpu_only:
+        return (
+            f"{_origin('trainer.sync_batchnorm', config)} converts batch norm layers to torch's SyncBatchNorm, which "
+            f"runs on CUDA GPUs only, and {where}: every process would stop at its first batch. On CPU leave it out "
+            "(--trainer.sync_batchnorm=false): each process then normalises by the statistics of its own batch."
         )
     if runs_on_cpu(trainer) and str(trainer.get("precision")) in ("16", "16-mixed"):
         return (
