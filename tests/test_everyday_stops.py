@@ -8,9 +8,11 @@ the node's processes started, the strategy set up, the sanity check) gets Ctrl-C
 
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import pytest
 import torch
 
 from tests.helpers import (
+    DDP_YAML,
+    REPO,
     assert_everything_stopped,
     copy_project,
     finish,
@@ -542,3 +546,20 @@ def test_the_launcher_kills_a_training_process_stopped_for_frozen_timeout(tmp_pa
     assert launcher.returncode == 128 + signal.SIGKILL, output
     assert f"node 0: training (pid {training}) had been stopped for 3s: killed it" in output
     assert_everything_stopped(node, port)
+
+
+def test_output_piped_into_head_stops_the_run_with_one_paragraph_and_no_traceback(tmp_path):
+    # head ends after the first 100 bytes of the progress bar: training's next write finds the pipe closed.
+    cli = shlex.join([sys.executable, str(REPO / "cli.py"), "fit", "-c", DDP_YAML, "--trainer.accelerator=cpu"])
+    command = f"{cli} --trainer.max_epochs=1 2>err | head -c 100 >/dev/null; exit ${{PIPESTATUS[0]}}"
+    status = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}
+    ).returncode
+    err = (tmp_path / "err").read_text()
+    assert status == 1, err
+    assert last_paragraph(err) == (
+        "error: the output of cli.py was closed by whoever read it (a pipe into head, say), so the run stopped. The "
+        "same command resumes from the run's last checkpoint; to read part of the output while training goes on, send "
+        "it to a file (python cli.py fit ... > train.log 2>&1) and read that."
+    )
+    assert job_processes(tmp_path) == []

@@ -1,6 +1,8 @@
 """The template's LightningCLI: what it checks before a run starts, and how it reports a mistake in what it was
 given (one paragraph, no traceback). cli.py runs it."""
 
+import contextlib
+import os
 import sys
 import warnings
 from typing import Any
@@ -125,10 +127,29 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
             save_config_kwargs={"overwrite": True},
             args=args,
         )
+    except BrokenPipeError:
+        stop(CLOSED_OUTPUT, closed=True)
     except Exception as error:
         if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
             raise
-        if speaks_for_node():  # every process has the same paragraph: one per node
-            print(f"\nerror: {paragraph}", file=sys.stderr)  # on a line of its own, after a progress bar
-        let_later_end()  # the node's others meet it too, and stay silent while this process lives
-        sys.exit(1)
+        stop(paragraph)
+
+
+# `python cli.py fit ... | head`: the run stops as a program writing into a closed pipe does, without a traceback.
+CLOSED_OUTPUT = (
+    "the output of cli.py was closed by whoever read it (a pipe into head, say), so the run stopped. The same "
+    "command resumes from the run's last checkpoint; to read part of the output while training goes on, send it to a "
+    "file (python cli.py fit ... > train.log 2>&1) and read that."
+)
+
+
+def stop(paragraph: str, closed: bool = False) -> None:
+    """End the process with ``paragraph``, said once per node; with ``closed``, its output has no reader any more."""
+    if speaks_for_node():  # every process has the same paragraph: one per node
+        with contextlib.suppress(OSError):  # on a closed output, stderr may be closed too
+            print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)  # on a line of its own, after a progress bar
+    if closed:  # what is still buffered, flushed as the interpreter exits, goes nowhere instead of failing again
+        for fd in (1, 2):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    let_later_end()  # the node's others meet it too, and stay silent while this process lives
+    sys.exit(1)
