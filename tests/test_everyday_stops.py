@@ -34,6 +34,7 @@ from tests.helpers import (
 from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
 from tests.helpers.terminal import Terminal
 from training.checkpoints.preemption import CHECK_PERIOD
+from training.config.checks import SKIPPED_STEP
 from training.job.node_processes import is_frozen
 from training.run.lock import holders
 
@@ -563,3 +564,12 @@ def test_output_piped_into_head_stops_the_run_with_one_paragraph_and_no_tracebac
         "it to a file (python cli.py fit ... > train.log 2>&1) and read that."
     )
     assert job_processes(tmp_path) == []
+
+
+def test_a_training_step_that_skips_a_batch_under_ddp_stops_with_one_paragraph(tmp_path):
+    module = ["--model=tests.zoo.SkippingClassifier", "--data=tests.zoo.Blobs", "--monitor=val_loss"]
+    result = ended(tmp_path, start(tmp_path, *module, "--trainer.max_epochs=1"), within=300)
+    assert result["status"] == 1, result["output"]
+    assert last_paragraph(result["output"]) == f"error: {SKIPPED_STEP}"
+    assert result["output"].count("error: ") == 1
+    assert result["left"] == []

@@ -205,6 +205,20 @@ class PlateauClassifier(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
 
 
+class SkippingClassifier(PlateauClassifier):
+    """Skips a batch it cannot learn from by returning None from ``training_step``, as Lightning's docs allow: here
+    batch ``skip_batch`` of every epoch, on every process."""
+
+    def __init__(
+        self, dim: int = 4, num_classes: int = 3, hidden: int = 16, lr: float = 0.05, skip_batch: int = 2
+    ) -> None:
+        super().__init__(dim, num_classes, hidden, lr)
+        self.skip_batch = skip_batch
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+        return None if batch_idx == self.skip_batch else super().training_step(batch, batch_idx)
+
+
 class Classifier(nn.Module):
     """The network the module below is given, as lightning-hydra-template passes its ``net``."""
 

@@ -21,6 +21,13 @@ from training.run.storage import storage_problem
 from training.run.writable import unwritable_problem
 
 FIX = "Fix the trainer settings in the config files or on the command line."
+# Lightning's RuntimeError in every process whose training_step returned None, under DDP.
+SKIPPED_STEP = (
+    "the module's training_step returned None, to skip a batch, in a job of several processes: the others would wait "
+    "for its gradients in the all-reduce, so Lightning refuses it. To skip a batch, return a loss that changes "
+    "nothing instead (the loss times 0), or leave the bad samples out of the dataset; a single process "
+    "(--trainer.devices=1) may return None."
+)
 
 
 def config_problem(settings: dict[str, Any]) -> str | None:
@@ -60,6 +67,8 @@ def refused_setting(error: BaseException) -> str | None:
     """
     if isinstance(error, StartupError | MisconfigurationException | CheckpointSpaceError):
         return str(error)
+    if isinstance(error, RuntimeError) and "by returning None in distributed training" in str(error):
+        return SKIPPED_STEP
     if not isinstance(error, ValueError):
         return None
     frame = error.__traceback__
