@@ -340,11 +340,12 @@ def detached(node, port, launcher_hung_up):
     hold.touch()
     output = finish(launch(node, "cpu:2", 0, *RUN, *held_at(hold, HANGUP_STEP), DETACH="1", MASTER_PORT=port))
     pid = int(re.search(r"as pid (\d+)", output)[1])
-    session, terminal = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3:5]
     for rank in range(2):
         while not Path(f"{hold}.rank{rank}").exists():
             assert not gone(pid), (node / "logs" / "nodes" / "node0.log").read_text()
             time.sleep(0.05)
+    # Read once training runs: until then the pid may still be the subshell that becomes the launcher.
+    session, terminal = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3:5]
     stop = re.search(r"Stop it, with last.ckpt saved: (kill -INT \d+)", output)[1]
     subprocess.run(stop.split(), check=True)
     while not gone(pid):
