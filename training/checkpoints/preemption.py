@@ -11,7 +11,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from training.checkpoints.resume import last_checkpoint_path
-from training.job.stop_signal import CAUSE, EXIT_STATUS, REQUESTS, STOP_SIGNALS, URGENCY, taken
+from training.job.early import STOP_SIGNALS, not_ignored
+from training.job.stop_signal import CAUSE, EXIT_STATUS, REQUESTS, URGENCY
 from training.private_api import stop_sigterm_broadcast
 
 SIGNALS = (*STOP_SIGNALS, signal.SIGUSR1)
@@ -58,7 +59,7 @@ class PreemptionCheckpoint(Callback):
         if threading.current_thread() is threading.main_thread():
             # A SIGTERM since the run started (its sanity check) was noted by Lightning's handler.
             REQUESTS.arm(trainer, noted=signal.SIGTERM if trainer.received_sigterm else None)
-            for signum in taken(SIGNALS):
+            for signum in not_ignored(SIGNALS):
                 self._previous_handlers[signum] = signal.signal(signum, REQUESTS.handle)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:

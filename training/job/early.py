@@ -23,12 +23,16 @@ def stopped_while_starting(signum: int, frame: object) -> None:
     sys.exit(1)
 
 
+def not_ignored(signals: tuple[int, ...] = STOP_SIGNALS) -> list[int]:
+    """The signals of ``signals`` this process may take: a signal ignored when the process started stays ignored
+    (nohup's SIGHUP, a script's background SIGINT)."""
+    return [signum for signum in signals if signal.getsignal(signum) is not signal.SIG_IGN]
+
+
 def take_stop_signals() -> None:
-    """Stop with the paragraph on SIGTERM, Ctrl-C and SIGHUP, until training/job/stop_signal.py takes them; a signal
-    ignored when the process started stays ignored (nohup's SIGHUP, a script's background SIGINT)."""
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, stopped_while_starting)
+    """Stop with the paragraph on SIGTERM, Ctrl-C and SIGHUP, until training/job/stop_signal.py takes them."""
+    for signum in not_ignored():
+        signal.signal(signum, stopped_while_starting)
 
 
 def taken() -> bool:

@@ -19,11 +19,12 @@ import threading
 import time
 from pathlib import Path
 
+from training.job.early import STOP_SIGNALS
+
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
 POLL_SECONDS = 0.2
 GRACE_SECONDS = 10.0
-STOP_REQUESTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Watch(threading.Thread):
@@ -184,7 +185,7 @@ class NodeProcesses:
         for started in WATCHES:
             if started.ended is not None:
                 local_rank, process = started.ended
-                if not killed_only or (process.returncode < 0 and -process.returncode not in STOP_REQUESTS):
+                if not killed_only or (process.returncode < 0 and -process.returncode not in STOP_SIGNALS):
                     rank = self.first_rank + local_rank
                     return (
                         f"rank {rank} (local rank {local_rank}, pid {process.pid}) of {self.where} "

@@ -24,11 +24,11 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
+from training.job.early import not_ignored
 from training.job.node_processes import speaks_for_node
 from training.job.startup import Stopped
 from training.private_api import before_lightning_takes_signals
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # After the save: a scheduler's stop (SIGTERM, SLURM's SIGUSR1) ends well, so a requeued job is no failed one; a
 # person's stop ends as a shell reports a stopped command.
 EXIT_STATUS = {
@@ -47,11 +47,6 @@ NODE_LOG = "logs/nodes/node{node_rank}.log"
 
 def cause(signum: int) -> str:
     return CAUSE.get(signum, f"a signal ({signal.Signals(signum).name})")
-
-
-def taken(signals: tuple[int, ...] = STOP_SIGNALS) -> list[int]:
-    """The signals of ``signals`` this process may take: not those it started with ignored."""
-    return [signum for signum in signals if signal.getsignal(signum) is not signal.SIG_IGN]
 
 
 def default_handler(signum: int) -> Any:
@@ -90,10 +85,10 @@ class StopRequests:
         its default at once."""
         self.trainer = trainer
         if not before_lightning_takes_signals(trainer, lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)):
-            for signum in taken():
+            for signum in not_ignored():
                 signal.signal(signum, default_handler(signum))
             return
-        for signum in taken():
+        for signum in not_ignored():
             signal.signal(signum, self.handle)
 
     def arm(self, trainer: Trainer, noted: int | None) -> None:
@@ -146,7 +141,7 @@ class StopRequests:
         os._exit(EXIT_STATUS[signal.SIGINT])
 
     def stop(self, signum: int) -> None:
-        for taken_signal in taken():  # a second signal is not caught
+        for taken_signal in not_ignored():  # a second signal is not caught
             signal.signal(taken_signal, signal.SIG_DFL)
         launcher = self.trainer.strategy.launcher
         if launcher is not None:  # the processes it started on this node
