@@ -574,3 +574,61 @@ def test_a_training_step_that_skips_a_batch_under_ddp_stops_with_one_paragraph(t
     assert last_paragraph(result["output"]) == f"error: {SKIPPED_STEP}"
     assert result["output"].count("error: ") == 1
     assert result["left"] == []
+
+
+def test_a_rank_stalled_on_another_host_is_named_in_both_nodes_logs_and_both_stop(tmp_path, two_hosts_for_module):
+    project = copy_project(tmp_path / "project")
+    hosts = two_hosts_for_module
+    settings = {"MASTER_ADDR": hosts[0]["address"], "MASTER_PORT": "29501", "NUM_NODES": "2"}
+    stall = project / "stall"
+    stall.touch()
+    args = [
+        "--trainer.max_epochs=1",
+        "--data=tests.zoo.FileSamples",
+        "--data.init_args.num_workers=0",
+        f"--data.init_args.stall_file={stall}",
+        "--data.init_args.stall_rank=1",
+        "--trainer.strategy.init_args.stall_report=0:00:04",
+        "--trainer.strategy.init_args.stall_timeout=0:00:08",
+    ]
+    launchers = [launch(project, "cpu:1", rank, *args, netns=hosts[rank]["netns"], **settings) for rank in (0, 1)]
+    try:
+        ended_nodes = [(launcher.communicate(timeout=300)[0], launcher.returncode) for launcher in launchers]
+    finally:
+        stall.unlink()
+    for node, (output, status) in enumerate(ended_nodes):
+        assert status == 1, output
+        log = (project / "logs" / "nodes" / f"node{node}.log").read_text()
+        assert "warning: rank 1 (local rank 0, pid " in log and f"of node 1 (vm, {hosts[1]['address']})" in log, log
+        assert re.search(r'File ".*/tests/zoo\.py", line \d+, in __getitem__', log), log
+        paragraph = [line for line in log.splitlines() if line.startswith("error: ")]
+        assert len(paragraph) == 1 and paragraph[0].startswith("error: the job stopped: rank 1 (local rank 0, pid ")
+    assert processes_in(project) == []
+
+
+def test_a_frozen_node_is_named_by_the_other_and_ended_by_its_own_launcher(tmp_path, two_hosts_for_module):
+    project = copy_project(tmp_path / "project")
+    hosts = two_hosts_for_module
+    settings = {"MASTER_ADDR": hosts[0]["address"], "MASTER_PORT": "29502", "NUM_NODES": "2", "FROZEN_TIMEOUT": "5"}
+    hold = project / "hold"
+    hold.touch()
+    args = [*SHORT_RUN, QUICK_LIVENESS, *held_at(hold, 3, release_on_signal=False)]
+    launchers = [launch(project, "cpu:1", rank, *args, netns=hosts[rank]["netns"], **settings) for rank in (0, 1)]
+    wait_for_hold(hold, 2, launchers[0])
+    [frozen] = [
+        pid
+        for pid in processes_in(project)
+        if Path(f"/proc/{pid}/environ").read_bytes().find(b"NODE_RANK=1\0") >= 0
+        and b"cli.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        and b"run_ddp_train" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    os.kill(frozen, signal.SIGSTOP)
+    hold.unlink()
+    (zero, zero_status), (one, one_status) = [
+        (launcher.communicate(timeout=300)[0], launcher.returncode) for launcher in launchers
+    ]
+    assert zero_status == 1, zero
+    assert re.search(rf"error: the job lost node 1 \(vm, {hosts[1]['address']}\), last heard from at ", zero), zero
+    assert one_status == 128 + signal.SIGKILL, one
+    assert f"node 1: training (pid {frozen}) had been stopped for 5s: killed it" in one
+    assert processes_in(project) == []
