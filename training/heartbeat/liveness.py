@@ -83,7 +83,6 @@ class Liveness(Verdicts):
         self.period = beat_period(peer_timeout)
         self.progress = progress
         self.describe = {"command": why_stopped.launch_command(), "collective_timeout": collective_timeout}
-        self.collective_timeout = collective_timeout
         self.announce = announce
         self.node = node
         self.state: dict[str, Any] = {"state": "running"}
@@ -135,12 +134,16 @@ class Liveness(Verdicts):
         self._publish()
         if self.node is not None:  # a frozen process that started this one would speak for the node, and never end
             end_frozen_starter()
-        if self.announce or (self.node is not None and speaks_for_node()):
+        if self._speaks():
             sys.stdout.flush()
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
         if self.node is not None:
             end_later()
         os._exit(EXIT_STATUS)
+
+    def _speaks(self) -> bool:
+        """Whether this process prints what its node says: local rank 0, or whichever speaks for the node."""
+        return self.announce or (self.node is not None and speaks_for_node())
 
     def _beat_value(self) -> str:
         self.count += 1
@@ -215,9 +218,9 @@ class Liveness(Verdicts):
         for rank, what in stalled(beats, self.stall_report.total_seconds()).items():
             if self.reported.get(rank) != (beats[rank]["batches"], what):
                 self.reported[rank] = (beats[rank]["batches"], what)
-                if self.announce or (self.node is not None and speaks_for_node()):
-                    report = why_stopped.stall_report(beats[rank], what, self.stall_timeout, self.collective_timeout)
-                    print(f"\n{report}", file=sys.stderr, flush=True)
+                if self._speaks():
+                    timeouts = self.stall_timeout, self.describe["collective_timeout"]
+                    print(f"\n{why_stopped.stall_report(beats[rank], what, *timeouts)}", file=sys.stderr, flush=True)
         if not self.stall_timeout:
             return
         for rank, what in stalled(beats, self.stall_timeout.total_seconds()).items():
