@@ -67,13 +67,14 @@ def stalled(beats: dict[int, dict[str, Any]], seconds: float) -> dict[int, str]:
     process is "training"; one saving or validating is only busy."""
     if len(beats) < 2 or not all("batches" in beat for beat in beats.values()):
         return {}
+    what = {rank: doing(beat) for rank, beat in beats.items()}
     found = {}
     for rank, beat in beats.items():
-        if beat["quiet"] < seconds or "stack" not in beat or (what := doing(beat)) == "waiting":
+        if beat["quiet"] < seconds or "stack" not in beat or what[rank] == "waiting":
             continue
-        others = [other for other_rank, other in beats.items() if other_rank != rank]
-        if any(other["batches"] > beat["batches"] or doing(other) == "waiting" for other in others):
-            found[rank] = what
+        others = [other for other in beats if other != rank]
+        if any(beats[other]["batches"] > beat["batches"] or what[other] == "waiting" for other in others):
+            found[rank] = what[rank]
     return found
 
 
