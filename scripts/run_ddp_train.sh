@@ -120,8 +120,12 @@ stop_following() {
 # forever. (A node's other processes end a stopped local rank 0 sooner; Ctrl-Z here stops this script with it.)
 # shellcheck disable=SC2329  # runs in the background
 watch_frozen() {
-    local since="" stat
-    while sleep 1 && { stat=$(<"/proc/$child/stat"); } 2>/dev/null; do
+    local since="" stat tick
+    # Nothing writes to this fifo: reading it with a timeout waits a second without starting a process, which (as
+    # `sleep 1` would) could outlive this watch and the launcher by up to a second.
+    mkfifo "$fifo_dir/tick"
+    exec {tick}<>"$fifo_dir/tick"
+    while ! read -rt 1 -u "$tick" && { read -r stat <"/proc/$child/stat"; } 2>/dev/null; do
         stat=${stat##*) }
         if [[ ${stat%% *} != [Tt] ]]; then
             since=""
