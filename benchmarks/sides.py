@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 
 from benchmarks.workloads import REPO, WORKLOADS
 
@@ -98,16 +97,10 @@ def quiet_run(
 def untimed_run(
     workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *, bound: float
 ) -> Path:
-    """The template without training.StepTime: a config file after the workload's gives their callbacks but that
-    one (in a file, where the entries' ${...} resolve as in the workload's own)."""
-    callbacks: list[dict] = []
-    for config in WORKLOADS[workload].configs:
-        trainer = yaml.safe_load((REPO / config).read_text()).get("trainer", {})
-        callbacks = trainer.get("callbacks", callbacks) + trainer.get("callbacks+", [])
-    kept = [callback for callback in callbacks if callback["class_path"] != "training.StepTime"]
-    untimed = work / f"untimed-{workload}.yaml"
-    untimed.write_text(yaml.safe_dump({"trainer": {"callbacks": kept}}, sort_keys=False))
-    return template_run(workload, processes, steps, quick, accelerator, work, name, "-c", str(untimed), bound=bound)
+    """The template without training.StepTime."""
+    return template_run(
+        workload, processes, steps, quick, accelerator, work, name, "--turn_off=[StepTime]", bound=bound
+    )
 
 
 def module_command(

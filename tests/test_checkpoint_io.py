@@ -64,7 +64,10 @@ def test_a_kill_during_a_background_write_leaves_the_previous_checkpoints_loadab
 
 def test_a_run_ends_after_its_last_write_and_resumes_from_its_newest_complete_checkpoint(run_cli, tmp_path, caplog):
     plugin = tmp_path / "held.yaml"
-    plugin.write_text("trainer:\n  plugins:\n    - class_path: tests.helpers.probe.SavesAfterTrainingEnds\n")
+    plugin.write_text(
+        "turn_off: [AtomicCheckpointIO]\n"
+        "trainer:\n  plugins:\n    - class_path: tests.helpers.probe.SavesAfterTrainingEnds\n"
+    )
     args = ["fit", "-c", DDP_YAML, "-c", str(plugin), *SINGLE_PROCESS, "--trainer.limit_train_batches=4"]
     args += ["--trainer.limit_val_batches=2", "--trainer.callbacks+=tests.helpers.probe.ReleaseSaves"]
     run_cli(*args, "--trainer.max_epochs=1")

@@ -304,7 +304,8 @@ def test_an_optimizer_value_torch_rejects_stops_before_anything_starts(run_cli, 
 def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys, tmp_path):
     monitor = tmp_path / "monitor.yaml"
     monitor.write_text(
-        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        # Without MonitorCheck, which would name it earlier, as the template's own paragraph.
+        "turn_off: [MonitorCheck]\ntrainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args:\n        monitor: accuracy\n"
     )
     args = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]

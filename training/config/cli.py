@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training.checkpoints.agreement import given_settings_problem
 from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
+from training.config.kept_lists import lists_problem, turn_off
 from training.config.links import given_links, given_model, link_data_to_model, print_config_with_links, record_links
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
@@ -54,6 +55,8 @@ class CLI(LightningCLI):
         # One metric for the best checkpoint and early stopping: the config files name it ${monitor}.
         parser.add_argument("--monitor", default="val/loss", help="the metric the best checkpoint is chosen by")
         parser.add_argument("--monitor_mode", choices=("min", "max"), default="min", help="best: its min or max")
+        tip = "callbacks and plugins of trainer.callbacks and trainer.plugins this run leaves out, by class name"
+        parser.add_argument("--turn_off", type=list[str], default=[], help=tip)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict | Namespace):
@@ -62,6 +65,12 @@ class CLI(LightningCLI):
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
+            parser.error(problem)
+        # A later list of callbacks or plugins that replaces the template's (kept_lists.py).
+        given = sys.argv[1:] if args is None else args if isinstance(args, list) else None
+        if subcommand and (
+            problem := lists_problem(given, self.config[subcommand].trainer, self.config[subcommand].turn_off)
+        ):
             parser.error(problem)
         # Said once per node, by the process that starts the others: the run goes on.
         if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
@@ -75,6 +84,7 @@ class CLI(LightningCLI):
         if not self.config[self.subcommand].get("config") and speaks_for_node():
             print(without_config(self.subcommand), file=sys.stderr)
         torch.set_float32_matmul_precision(self.config[self.subcommand].matmul_precision)
+        turn_off(self.config[self.subcommand].trainer, self.config[self.subcommand].turn_off)
         name_the_logger(self.config[self.subcommand], self.subcommand)  # validate/test/predict: in a sub_dir of the run
 
     def instantiate_classes(self) -> None:
