@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from benchmarks.workloads import REPO, WORKLOADS
 
 

@@ -305,7 +305,8 @@ def test_a_setting_lightning_rejects_in_the_run_is_one_paragraph(run_cli, capsys
     monitor = tmp_path / "monitor.yaml"
     monitor.write_text(
         # Without MonitorCheck, which would name it earlier, as the template's own paragraph.
-        "turn_off: [MonitorCheck]\ntrainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "turn_off: [MonitorCheck]\n"
+        "trainer:\n  callbacks+:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args:\n        monitor: accuracy\n"
     )
     args = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
