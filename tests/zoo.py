@@ -3,8 +3,8 @@
 Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
 ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
-(lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), and samples read one at
-a time by DataLoader workers from storage that can hang.
+(lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), one whose learning rate
+explodes after its first epoch, and samples read one at a time by DataLoader workers from storage that can hang.
 """
 
 import os
@@ -217,6 +217,21 @@ class SkippingClassifier(PlateauClassifier):
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         return None if batch_idx == self.skip_batch else super().training_step(batch, batch_idx)
+
+
+class ExplodingClassifier(PlateauClassifier):
+    """Plain SGD whose learning rate grows ``gamma`` times each epoch, a warm-up gone wrong: the first epoch trains,
+    a later one diverges until its loss is inf or NaN."""
+
+    def __init__(
+        self, dim: int = 4, num_classes: int = 3, hidden: int = 16, lr: float = 0.05, gamma: float = 1e6
+    ) -> None:
+        super().__init__(dim, num_classes, hidden, lr)
+        self.gamma = gamma
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ExponentialLR(optimizer, self.gamma)}
 
 
 class Classifier(nn.Module):

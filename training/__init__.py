@@ -11,6 +11,7 @@ WHERE = {
     "AtomicCheckpointIO": "training.checkpoints.atomic_io",
     "CSVLogger": "training.run.csv_logger",
     "DDPStrategy": "training.strategy",
+    "FiniteLoss": "training.callbacks.finite_loss",
     "GlobalBatch": "training.job.elastic",
     "LastCheckpoint": "training.checkpoints.last",
     "MLFlowLogger": "training.run.mlflow_logger",

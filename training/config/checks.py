@@ -8,6 +8,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from training.callbacks.finite_loss import NonFiniteError
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
 from training.config.network import gloo_interface_problem
@@ -65,7 +66,7 @@ def refused_setting(error: BaseException) -> str | None:
     only against the data (``val_check_interval`` beyond the batches of an epoch): a ValueError raised in Lightning's
     own code that names a Trainer argument is such a refusal.
     """
-    if isinstance(error, StartupError | MisconfigurationException | CheckpointSpaceError):
+    if isinstance(error, StartupError | MisconfigurationException | CheckpointSpaceError | NonFiniteError):
         return str(error)
     if isinstance(error, RuntimeError) and "by returning None in distributed training" in str(error):
         return SKIPPED_STEP

@@ -1,0 +1,122 @@
+"""Stop a run whose loss became NaN or inf, before any checkpoint holds what the step after it makes of the weights."""
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
+
+from training.checkpoints.last import LastCheckpoint
+from training.private_api import last_saved_step
+
+FIXES = (
+    "Try a lower learning rate, gradient clipping (--trainer.gradient_clip_val=1.0), bf16 in place of fp16, or look "
+    "for bad values in the data of that step; to leave such steps out instead, set non_finite: skip on the "
+    "training.FiniteLoss entry of trainer.callbacks."
+)
+
+
+class NonFiniteError(RuntimeError):
+    """A loss or weights that became NaN or inf; its message is the paragraph that says where and what to do."""
+
+
+class FiniteLoss(Callback):
+    """Keeps a run's checkpoints finite, and stops it where its loss stops being so.
+
+    With ``non_finite: stop``, each process notes on its device the first step whose loss was NaN or inf (no wait
+    for the GPU); every ``log_every_n_steps`` batches, and before every checkpoint is written, the processes compare
+    notes (one all-reduce of two numbers a process) and all stop together, in one paragraph naming the step, the ranks and the
+    last checkpoint that is still finite, from which the same command resumes. A checkpoint is never written with
+    NaN or inf weights: the check before a save covers the weights too.
+
+    With ``non_finite: skip``, an optimizer step whose gradients hold NaN or inf is left out (the optimizer leaves a
+    parameter without a gradient as it is) and the run goes on: some mixed-precision and large-model recipes
+    expect the occasional bad step. It waits for the GPU once a step, to read whether every gradient is finite.
+
+    Args:
+        non_finite: ``stop`` the run, or ``skip`` the optimizer step, of a loss that is NaN or inf.
+    """
+
+    def __init__(self, non_finite: Literal["stop", "skip"] = "stop") -> None:
+        self.non_finite = non_finite
+        self.first_bad: torch.Tensor | None = None  # this process's first step with a non-finite loss, or -1
+        self.skipped = 0
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.first_bad = torch.full((1,), -1, dtype=torch.long, device=pl_module.device)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if self.non_finite == "skip" or self.first_bad is None or not isinstance(loss, torch.Tensor):
+            return
+        bad = ~torch.isfinite(loss.detach()).all()
+        self.first_bad.masked_fill_(bad & (self.first_bad < 0), trainer.global_step)
+        if (batch_idx + 1) % max(trainer.log_every_n_steps, 1) == 0:
+            self.check(trainer, pl_module)
+
+    def on_before_optimizer_step(
+        self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.non_finite != "skip":
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        finite = torch.stack([g.isfinite().all() for g in grads]).all() if grads else torch.tensor(True)
+        # Every process decides alike, whichever part of the gradients it holds (FSDP shards them).
+        if trainer.strategy.reduce(finite.logical_not().float(), reduce_op="sum").item() == 0:
+            return
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                parameter.grad = None
+        self.skipped += 1
+        if self.skipped <= 10 or self.skipped % 100 == 0:
+            rank_zero_warn(
+                f"step {trainer.global_step}: the gradients held NaN or inf, so the optimizer step was left out "
+                f"({self.skipped} step{'s' if self.skipped > 1 else ''} left out so far)."
+            )
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and self.first_bad is not None:  # validation's saves too
+            self.check(trainer, pl_module, weights=True)
+
+    def check(self, trainer: Trainer, pl_module: LightningModule, weights: bool = False) -> None:
+        """Raise NonFiniteError on every process when any saw a non-finite loss (or, with ``weights``, holds
+        non-finite weights)."""
+        assert self.first_bad is not None
+        finite = [p.isfinite().all() for p in pl_module.parameters()] if weights else []
+        bad_weights = bool(finite) and not torch.stack(finite).all().item()
+        # A row per process, each filling its own: summed over the processes, every one holds all of them.
+        notes = self.first_bad.new_zeros((trainer.world_size, 2))
+        notes[trainer.global_rank, 0] = self.first_bad[0]
+        notes[trainer.global_rank, 1] = int(bad_weights)
+        notes = trainer.strategy.reduce(notes, reduce_op="sum").tolist()
+        ranks = [str(rank) for rank, (step, _) in enumerate(notes) if step >= 0]
+        if ranks:
+            step = min(step for step, _ in notes if step >= 0)
+            what = (
+                f"the loss became NaN or inf at step {step}, on rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}"
+            )
+        elif any(bad for _, bad in notes):
+            what = f"the weights became NaN or inf by step {trainer.global_step} while the loss was finite"
+        else:
+            return
+        raise NonFiniteError(
+            f"{what}, so the run stopped: no checkpoint holds what came after. {kept(trainer)} {FIXES}"
+        )
+
+
+def kept(trainer: Trainer) -> str:
+    """What the same command resumes from: the run's last.ckpt, written before the loss went wrong, or nothing."""
+    last = next((c for c in trainer.callbacks if isinstance(c, LastCheckpoint)), trainer.checkpoint_callback)
+    if isinstance(last, ModelCheckpoint) and last.last_model_path and last_saved_step(last) > 0:
+        return (
+            f"{last.last_model_path}, written at step {last_saved_step(last)}, holds the last finite weights: the "
+            "same command resumes from it."
+        )
+    if trainer.ckpt_path:  # resumed, and nothing written since: what it resumed from was finite when written
+        return f"{trainer.ckpt_path}, which this attempt resumed from, is finite: the same command resumes from it."
+    return "No checkpoint was written before it: the same command starts the run anew."
