@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
-from tests.helpers import REPO, charts_path, needs_gpus, run_script
+from tests.helpers import REPO, SINGLE_PROCESS, charts_path, needs_gpus, run_script
 
 SIDES = ("template", "lightning", "raw")
 
@@ -89,19 +90,18 @@ def test_every_row_measures_what_the_step_time_measurement_costs(bench):
     assert "step-time measurement (training.StepTime), cost per row: toy 2p " in stdout
 
 
-def test_the_side_without_the_step_time_measurement_keeps_every_other_callback(tmp_path, monkeypatch):
-    import yaml
-
+def test_the_side_without_the_step_time_measurement_keeps_every_other_callback(tmp_path, monkeypatch, run_cli):
     from benchmarks import sides
+    from benchmarks.workloads import WORKLOADS
 
     given = []
-    monkeypatch.setattr(sides, "template_run", lambda *args, bound: given.append(args[-2:]) or tmp_path)
-    sides.untimed_run("seq2seq", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
-    flag, config = given[0]
-    names = [callback["class_path"] for callback in yaml.safe_load(Path(config).read_text())["trainer"]["callbacks"]]
-    assert flag == "-c" and "training.StepTime" not in names
-    # configs/ddp.yaml's and those configs/seq2seq.yaml appends
-    assert names[0] == "lightning.pytorch.callbacks.ModelCheckpoint" and "training.StayStopped" in names
+    monkeypatch.setattr(sides, "template_run", lambda *args, bound: given.append(args[7:]) or tmp_path)
+    sides.untimed_run("toy", 1, 5, True, "cpu", tmp_path, "untimed", bound=60)
+    configs = WORKLOADS["toy"].arguments(True, tmp_path / "cache", "cpu")
+    cli = run_cli("fit", *configs, *given[0], *SINGLE_PROCESS, "--trainer.fast_dev_run=1", "--trainer.logger=false")
+    kept = {type(callback).__name__ for callback in cli.trainer.callbacks}
+    template = yaml.safe_load((REPO / "configs" / "ddp.yaml").read_text())["trainer"]["callbacks"]
+    assert {entry["class_path"].rpartition(".")[2] for entry in template} - kept == {"StepTime"}
 
 
 @pytest.mark.distributed

@@ -59,10 +59,8 @@ def test_every_checkpoint_left_is_finite_and_the_same_command_resumes_from_the_l
     again = exploded["again"]
     assert again.returncode == 1, job_output(again)
     step = exploded["saved"]["last.ckpt"]["global_step"]
-    assert (
-        f"Resuming from {exploded['checkpoints'] / 'last.ckpt'} (epoch {exploded['saved']['last.ckpt']['epoch']}, step {step})"
-        in job_output(again)
-    )
+    epoch = exploded["saved"]["last.ckpt"]["epoch"]
+    assert f"Resuming from {exploded['checkpoints'] / 'last.ckpt'} (epoch {epoch}, step {step})" in job_output(again)
     # The same learning rate explodes again: still nothing non-finite saved, last.ckpt where it was.
     assert "which this attempt resumed from, is finite" in last_paragraph(job_output(again))
     last = torch.load(exploded["checkpoints"] / "last.ckpt", weights_only=True)

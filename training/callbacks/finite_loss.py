@@ -28,9 +28,9 @@ class FiniteLoss(Callback):
 
     With ``non_finite: stop``, each process notes on its device the first step whose loss was NaN or inf (no wait
     for the GPU); every ``log_every_n_steps`` batches, and before every checkpoint is written, the processes compare
-    notes (one all-reduce of two numbers a process) and all stop together, in one paragraph naming the step, the ranks and the
-    last checkpoint that is still finite, from which the same command resumes. A checkpoint is never written with
-    NaN or inf weights: the check before a save covers the weights too.
+    notes (one all-reduce of two numbers a process) and all stop together, in one paragraph naming the step, the
+    ranks and the last checkpoint that is still finite, from which the same command resumes. A checkpoint is never
+    written with NaN or inf weights: the check before a save covers the weights too.
 
     With ``non_finite: skip``, an optimizer step whose gradients hold NaN or inf is left out (the optimizer leaves a
     parameter without a gradient as it is) and the run goes on: some mixed-precision and large-model recipes
