@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
@@ -67,7 +68,7 @@ class FiniteLoss(Callback):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         finite = torch.stack([g.isfinite().all() for g in grads]).all() if grads else torch.tensor(True)
         # Every process decides alike, whichever part of the gradients it holds (FSDP shards them).
-        if trainer.strategy.reduce(finite.logical_not().float(), reduce_op="sum").item() == 0:
+        if summed(finite.logical_not().int()).item() == 0:
             return
         for group in optimizer.param_groups:
             for parameter in group["params"]:
@@ -93,7 +94,7 @@ class FiniteLoss(Callback):
         notes = self.first_bad.new_zeros((trainer.world_size, 2))
         notes[trainer.global_rank, 0] = self.first_bad[0]
         notes[trainer.global_rank, 1] = int(bad_weights)
-        notes = trainer.strategy.reduce(notes, reduce_op="sum").tolist()
+        notes = summed(notes).tolist()
         ranks = [str(rank) for rank, (step, _) in enumerate(notes) if step >= 0]
         if ranks:
             step = min(step for step, _ in notes if step >= 0)
@@ -107,6 +108,13 @@ class FiniteLoss(Callback):
         raise NonFiniteError(
             f"{what}, so the run stopped: no checkpoint holds what came after. {kept(trainer)} {FIXES}"
         )
+
+
+def summed(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over the job's processes: one all-reduce (Lightning's ``strategy.reduce`` adds a barrier)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def kept(trainer: Trainer) -> str:
