@@ -4,6 +4,7 @@ callbacks that document them."""
 
 from collections import Counter
 
+import torch.distributed as dist
 from lightning.pytorch.cli import LightningCLI
 
 from data import RandomDataModule
@@ -28,8 +29,12 @@ AGREEMENT = "training/checkpoints/preemption.py:on_train_batch_end"
 
 
 def test_the_template_adds_no_host_read_to_a_step_and_a_few_once_per_logging_interval(run_cli, tmp_path):
-    with counting(WINDOW) as template:
-        run_cli("fit", "-c", DDP_YAML, *RUN, PROBE)
+    try:
+        with counting(WINDOW) as template:
+            run_cli("fit", "-c", DDP_YAML, *RUN, PROBE)
+    finally:  # the template's DDPStrategy started a process group of one in this process: the tests after it have none
+        if dist.is_initialized():
+            dist.destroy_process_group()
     plain_args = [*RUN, "--seed_everything=42", "--trainer.logger=TensorBoardLogger"]
     plain_args += [f"--trainer.logger.save_dir={tmp_path / 'plain'}"]
     plain_args += ["--trainer.callbacks+=TQDMProgressBar", f"--trainer.callbacks.refresh_rate={EVERY}", PROBE]
