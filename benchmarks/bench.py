@@ -55,7 +55,7 @@ import torch
 from benchmarks.comparisons import compare_data_path, compare_startup, compare_steps
 from benchmarks.report import chart, table
 from benchmarks.sides import SideFailed
-from benchmarks.workloads import ACCELERATORS, REPO, WORKLOADS, device_problem
+from benchmarks.workloads import ACCELERATORS, REPO, STEP_WORKLOADS, device_problem
 
 
 def process_counts(quick: bool, accelerator: str) -> dict[str, tuple[int, ...]]:
@@ -64,7 +64,7 @@ def process_counts(quick: bool, accelerator: str) -> dict[str, tuple[int, ...]]:
     most = 2 if accelerator == "cpu" else min(2, torch.cuda.device_count())
     if quick:
         return {"toy": (most,), "seq2seq": (1,)}
-    return dict.fromkeys(WORKLOADS, tuple(range(1, most + 1)))
+    return dict.fromkeys(STEP_WORKLOADS, tuple(range(1, most + 1)))
 
 
 def device_name(accelerator: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.sides import module_run, quiet_run, run, template_run, untimed_run
-from benchmarks.workloads import REPO, WORKLOADS
+from benchmarks.workloads import REPO
 
 
 def median_step(record: Path, warmup: int) -> float:
@@ -47,7 +47,7 @@ def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dic
         "lightning": partial(module_run, "benchmarks.lightning_only"),
         "raw": partial(module_run, "benchmarks.raw_ddp"),
     }
-    for workload in WORKLOADS:
+    for workload in args.processes:
         steps = args.warmup + args.steps[workload] + 1
         for processes in args.processes[workload]:
             logged = (workload, processes) == logged_row

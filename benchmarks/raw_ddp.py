@@ -150,8 +150,8 @@ def train(rank: int, args: argparse.Namespace) -> None:
     configured = model.configure_optimizers()
     optimizer = configured["optimizer"] if isinstance(configured, dict) else configured
     scheduler = configured["lr_scheduler"]["scheduler"] if isinstance(configured, dict) else None
-    loader, sampler = (toy_loader if args.workload == "toy" else seq2seq_loader)(data, rank, world)
-    loss_of = toy_loss if args.workload == "toy" else seq2seq_loss
+    loader, sampler = (seq2seq_loader if args.workload == "seq2seq" else toy_loader)(data, rank, world)
+    loss_of = seq2seq_loss if args.workload == "seq2seq" else toy_loss
     starts, first_step_wall = timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, args.steps)
     if rank == 0:
         write_record(Path(args.out), starts, first_step_wall, torch.get_num_threads(), model)

@@ -27,6 +27,13 @@ class Workload:
         return [*configs, *(o.format(data_dir=data_dir) for o in overrides), f"--trainer.accelerator={accelerator}"]
 
 
+NULL_SIZES = (
+    "--data.init_args.num_features=2",
+    "--data.init_args.num_targets=1",
+    "--model.init_args.hidden_features=2",
+    "--data.init_args.batch_size=2",
+    "--data.init_args.num_train=100000",
+)
 WORKLOADS = {
     # An MLP of 1.3M parameters, batch 128: a step short enough that any per-step overhead shows.
     "toy": Workload(
@@ -55,7 +62,11 @@ WORKLOADS = {
             "--model.init_args.num_decoder_layers=1",
         ),
     ),
+    # Almost no compute: a step is the Python around it (benchmarks/overhead.py).
+    "null": Workload(configs=("configs/ddp.yaml",), overrides=NULL_SIZES, quick_overrides=NULL_SIZES),
 }
+# The workloads of benchmarks/bench.py's step-time rows.
+STEP_WORKLOADS = ("toy", "seq2seq")
 
 
 ACCELERATORS = ("cpu", "gpu")
