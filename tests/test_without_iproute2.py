@@ -1,4 +1,4 @@
-"""The launcher and the doctor on a machine without iproute2 (no ip, no ss), as stock GPU, cluster and container
+"""The launchers and the doctor on a machine without iproute2 (no ip, no ss), as stock GPU, cluster and container
 images are: the interface to MASTER_ADDR, this node's address towards it and who holds MASTER_PORT come from
 scripts/network.py, and agree with what ip and ss say where they are installed. A PATH of links to every other
 command hides ip and ss."""
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO, copy_project, finish, free_port, launch, launcher_env
+from tests.helpers.hosts import network_namespaces, ssh_servers
 
 HIDDEN = ("ip", "ss")
 IP = shutil.which("ip") or "ip"  # for `ip netns exec`, which then runs a command that has no ip on its PATH
@@ -124,13 +125,37 @@ def test_without_iproute2_the_main_command_trains(tmp_path, without_iproute2):
 
 
 @pytest.mark.distributed
-def test_without_iproute2_the_doctor_passes_on_two_hosts(tmp_path, two_hosts, without_iproute2):
-    nodes = [copy_project(tmp_path / f"node{rank}") for rank in range(2)]
-    settings = {"MASTER_ADDR": two_hosts[0]["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
-    settings |= {"PATH": without_iproute2, "DOCTOR_TIMEOUT": "120"}
-    worker = on_host(two_hosts[1], nodes[1] / "scripts" / "doctor.sh", "cpu:1", "1", **settings)  # waits for the master
-    master = on_host(two_hosts[0], nodes[0] / "scripts" / "doctor.sh", "cpu:1", "0", **settings)
-    for process, host in ((master, two_hosts[0]), (worker, two_hosts[1])):
-        output = finish(process)
-        assert f"ok    network interface {host['interface']} (" in output
-        assert output.rstrip().endswith("ok    the doctor found nothing wrong"), output
+def test_without_iproute2_the_doctor_passes(tmp_path, without_iproute2):
+    node = copy_project(tmp_path / "node")
+    settings = {"PATH": without_iproute2, "MASTER_PORT": str(free_port()), "NUM_NODES": "1"}
+    doctor = subprocess.run(
+        [str(node / "scripts" / "doctor.sh"), "cpu:1", "0"],
+        env=launcher_env(**settings),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "ok    network interface lo (NCCL_SOCKET_IFNAME==lo GLOO_SOCKET_IFNAME=lo)" in doctor.stdout
+    assert doctor.stdout.rstrip().endswith("ok    the doctor found nothing wrong")
+
+
+@pytest.mark.distributed
+def test_without_iproute2_one_command_trains_on_two_hosts(tmp_path, without_iproute2):
+    project = copy_project(tmp_path / "project")  # on a file system both hosts share, as on NFS
+    # A setting of the cluster's file reaches every node: the nodes' PATH, which sshd would set, lacks ip and ss too.
+    settings_file = project / "scripts" / "no_iproute2.env"
+    settings_file.write_text((project / "scripts" / "cluster.env").read_text() + "PATH=\n")
+    with network_namespaces(f"{os.getpid() % 100000}i") as hosts, ssh_servers(hosts, tmp_path) as ssh_config:
+        (tmp_path / "hosts").write_text("".join(f"{host['address']}\n" for host in hosts))
+        settings = {"PATH": without_iproute2, "CLUSTER_ENV": str(settings_file), "SSH_OPTS": f"-F {ssh_config}"}
+        script = project / "scripts" / "launch_cluster.sh"
+        output = finish(
+            on_host(hosts[0], script, str(tmp_path / "hosts"), "cpu:1", "--trainer.max_epochs=1", **settings)
+        )
+    assert "[node 0 10.231.0.1] Process group started: gloo, 2 processes" in output
+    for rank, host in enumerate(hosts):
+        log = (project / "logs" / "nodes" / f"node{rank}.log").read_text()
+        assert f"GLOO_SOCKET_IFNAME={host['interface']}" in log, "the node ran on another host"
+        assert f"\nPATH={without_iproute2}\n" in log, "the node could use ip"
+    assert output.rstrip().endswith("every node finished")
