@@ -241,7 +241,8 @@ class Seq2SeqTransformer(LightningModule):
         return {"index": batch["index"], "tokens": tokens}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        rows = checkpoint["state_dict"]["embedding.weight"].size(0)
+        # The hyperparameters, not the weights: a sharded (FSDP) checkpoint hands this hook its metadata alone.
+        rows = checkpoint[self.CHECKPOINT_HYPER_PARAMS_KEY]["vocab_size"]
         if rows != self.hparams.vocab_size:
             raise ValueError(
                 f"the checkpoint was trained with {rows} tokens but this run's data gives model.vocab_size="

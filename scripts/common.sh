@@ -49,20 +49,32 @@ resolve_ipv4() {
     fi
 }
 
-# The interface that carries traffic to $1: the one holding it if it is local, else the one routing to it.
-interface_to() {
+# How this machine reaches IPv4 address $1, as "local|remote SOURCE INTERFACE": SOURCE is the address packets to it
+# leave from, INTERFACE the one holding $1 if it is local, else the one routing to it. Status 1: no route. Stock GPU,
+# cluster and container images often lack iproute2: without ip, Python's sockets and the kernel answer instead.
+route_to() {
     local route
+    if ! command -v ip >/dev/null; then
+        "$PYTHON" -m scripts.network route "$1"
+        return
+    fi
     route=$(ip -o route get "$1" 2>/dev/null) || return 1
+    [[ $route =~ \ dev\ ([^ ]+).*\ src\ ([^ ]+) ]] || return 1
     if [[ $route == local* ]]; then
-        ip -o addr show to "$1/32" | awk '{ print $2; exit }'
+        # The route to an address of this machine goes through lo: name the interface that holds the address.
+        echo "local ${BASH_REMATCH[2]} $(ip -o addr show to "$1/32" | awk -v dev="${BASH_REMATCH[1]}" '{ dev = $2; exit } END { print dev }')"
     else
-        sed -n 's/.* dev \([^ ]*\).*/\1/p' <<<"$route"
+        echo "remote ${BASH_REMATCH[2]} ${BASH_REMATCH[1]}"
     fi
 }
 
 # Who listens on TCP port $1 on this machine, as "name (pid N)", or empty if the port is free.
 port_holder() {
     local line
+    if ! command -v ss >/dev/null; then
+        "$PYTHON" -m scripts.network listener "$1"
+        return
+    fi
     line=$(ss -Hltnp "sport = :$1" 2>/dev/null | head -n 1)
     [[ -n $line ]] || return 0
     if [[ $line =~ users:\(\(\"([^\"]+)\",pid=([0-9]+) ]]; then
@@ -84,11 +96,6 @@ wait_for_master() {
         fi
         sleep 1
     done
-}
-
-# The address of this machine that packets to IPv4 address $1 leave from.
-source_address() {
-    ip -o route get "$1" 2>/dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p'
 }
 
 # Words as a shell would need them, leaving plain ones (paths, 0,1, host:port) readable.
@@ -166,7 +173,8 @@ prepare_node() {
 }
 
 # Every check of prepare_node but the config's, which imports Lightning: the fast ones, in bash alone. Sets GPUS,
-# NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args, master_ip and interface.
+# NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args, master_ip, interface, master_side
+# (local on the master) and source_ip (this node's address towards the master).
 validate_node() {
     (($# >= 2)) || usage
     GPUS=$1
@@ -217,15 +225,19 @@ validate_node() {
     interface=${SOCKET_IFNAME:-}
     [[ -z $interface || $interface =~ ^[^,^=[:space:]]+(,[^,^=[:space:]]+)*$ ]] \
         || die "SOCKET_IFNAME=$interface is not an interface name (or a comma-separated list of them). It sets the interface of both NCCL and gloo, and gloo takes names only: name the interface (e.g. eth0). For NCCL's patterns (^docker excludes, a plain name matches as a prefix), set NCCL_SOCKET_IFNAME itself, and GLOO_SOCKET_IFNAME to the interface."
+    local master_route=() route_interface
+    read -r -a master_route <<<"$(route_to "$master_ip" || true)"
+    # shellcheck disable=SC2034  # source_ip is for run_ddp_train.sh
+    master_side=${master_route[0]:-} source_ip=${master_route[1]:-} route_interface=${master_route[2]:-}
     if [[ -z $interface ]]; then
-        command -v ip >/dev/null || die "cannot find the network interface to MASTER_ADDR without the ip command. Install iproute2 or set SOCKET_IFNAME in $CLUSTER_ENV."
-        interface=$(interface_to "$master_ip") && [[ -n $interface ]] \
+        interface=$route_interface
+        [[ -n $interface ]] \
             || die "no route from this node to MASTER_ADDR=$MASTER_ADDR ($master_ip). Check the address and this node's network (ip route get $master_ip), or set SOCKET_IFNAME in $CLUSTER_ENV."
     fi
 
     if ((NODE_RANK == 0)); then
         local holder
-        [[ $(ip -o route get "$master_ip" 2>/dev/null) == local* ]] \
+        [[ $master_side == local ]] \
             || die "node rank 0 must run on the master, but MASTER_ADDR=$MASTER_ADDR is not an address of this machine. Start rank 0 on $MASTER_ADDR, or set MASTER_ADDR to this machine's address on every node."
         holder=$(port_holder "$MASTER_PORT")
         [[ -z $holder ]] \

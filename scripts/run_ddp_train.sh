@@ -217,7 +217,7 @@ if [[ $LAUNCHER == torchrun ]]; then
     # torchrun would guess so only where MASTER_ADDR is the address its host name resolves to.
     rendezvous_conf=join_timeout=$CONNECT_TIMEOUT,is_host=$( ((NODE_RANK == 0)) && echo true || echo false)
     [[ $nodes != *:* ]] || rendezvous_conf+=,last_call_timeout=$ELASTIC_WAIT
-    rendezvous=("--nnodes=$nodes" "--local-addr=$(source_address "$master_ip")" "--rdzv-conf=$rendezvous_conf")
+    rendezvous=("--nnodes=$nodes" "--local-addr=$source_ip" "--rdzv-conf=$rendezvous_conf")
     command=("$PYTHON" -m torch.distributed.run "${rendezvous[@]}" "--nproc-per-node=$procs_per_node"
         --rdzv-backend=c10d "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" --rdzv-id=ddp "--max-restarts=$MAX_RESTARTS"
         cli.py "${cli_args[@]}")

@@ -19,6 +19,7 @@ from models import Seq2SeqTransformer
 from models.seq2seq import DecoderLayer
 from tests.helpers import DDP_YAML, REPO, needs_gpus, run_script
 from tests.test_cli import expect_usage_error
+from training.config.loader import file_name
 
 FSDP_YAML = REPO / "configs" / "fsdp.yaml"
 ACCUMULATE_YAML = str(REPO / "configs" / "accumulate.yaml")
@@ -133,13 +134,16 @@ def fit_then_reload_a_sharded_checkpoint(workdir: Path, processes: int, *args: s
     shards = [f"__{rank}_0.distcp" for rank in range(processes)]
     assert sorted(p.name for p in last.iterdir()) == sorted([".metadata", *shards, "meta.pt"])
 
+    # The best file is named by the metric the run monitored (seq2seq's is val/exact_match), as its config.yaml says.
+    monitor = yaml.safe_load((checkpoints.parent / "config.yaml").read_text())["monitor"]
     (best,) = [p for p in checkpoints.iterdir() if p.name.startswith("epoch000-")]
-    val_loss = float(re.fullmatch(r"epoch000-val_loss(\d+\.\d{4})\.ckpt", best.name).group(1))
+    named = re.fullmatch(rf"epoch000-{re.escape(file_name(monitor))}(\d+\.\d{{4}})\.ckpt", best.name)
+    assert named, f"{best.name} is not named by {monitor}"
     validate = run_script(
         [cli, "validate", *common, *probe, "--trainer.logger=false", "--ckpt_path", str(best)], cwd=workdir
     )
     assert validate.returncode == 0, validate.stdout + validate.stderr
-    assert round(torch.load(workdir / "probe" / "metrics.pt")["val/loss"], 4) == val_loss
+    assert round(torch.load(workdir / "probe" / "metrics.pt")[monitor], 4) == float(named.group(1))
 
     resume = run_script([cli, "fit", *common, "--trainer.max_epochs=2", "--ckpt_path", str(last)], cwd=workdir)
     assert resume.returncode == 0, resume.stdout + resume.stderr

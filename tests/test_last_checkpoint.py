@@ -5,6 +5,7 @@ after epoch 0, the same command again and validate are tests/test_zoo_monitoring
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -65,6 +66,14 @@ class TrainOnly(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+class TrainOnlyDrawingAtValidationEnd(TrainOnly):
+    """Draws samples for its loggers at the end of a validation, as Lightning's GAN example does: a hook that a run
+    without validation never calls."""
+
+    def on_validation_epoch_end(self) -> None:
+        self.samples = self.layer(torch.zeros(4, 4)).detach()
+
+
 class LastAtEpochStart(Callback):
     """(epoch, step) of last.ckpt as each epoch starts, once the checkpoints of the epoch before are written."""
 
@@ -94,8 +103,9 @@ def writes_at_once(tmp_path: Path) -> Path:
     return config
 
 
-def test_a_model_without_validation_trains_and_keeps_last_ckpt_every_epoch(run_cli, tmp_path, caplog):
-    model = ["--model=tests.test_last_checkpoint.TrainOnly", "--data=tests.test_last_checkpoint.TrainOnlyData"]
+@pytest.mark.parametrize("module", ["TrainOnly", "TrainOnlyDrawingAtValidationEnd"])
+def test_a_model_without_validation_trains_and_keeps_last_ckpt_every_epoch(run_cli, tmp_path, caplog, module):
+    model = [f"--model=tests.test_last_checkpoint.{module}", "--data=tests.test_last_checkpoint.TrainOnlyData"]
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         cli = run_cli("fit", "-c", DDP_YAML, "-c", str(writes_at_once(tmp_path)), *SINGLE_PROCESS, *model, *PROBE)
@@ -103,6 +113,6 @@ def test_a_model_without_validation_trains_and_keeps_last_ckpt_every_epoch(run_c
     assert "The model has no validation (no validation_step, no val dataloader" in caplog.text
     assert "no best checkpoint by 'val/loss'; last.ckpt holds the latest state" in caplog.text
     assert probed(cli).seen == [None, (0, 4), (1, 8), (2, 12), (3, 16)]
-    checkpoints = tmp_path / "logs" / "train_only" / "default" / "checkpoints"
+    checkpoints = Path(cli.trainer.checkpoint_callback.dirpath)
     assert sorted(path.name for path in checkpoints.iterdir()) == ["last.ckpt"]
     assert load(checkpoints / "last.ckpt")["epoch"] == 4

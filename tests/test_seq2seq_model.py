@@ -87,10 +87,16 @@ def test_warmup_rises_linearly_then_decays():
     assert all(a > b for a, b in zip(factors[9:], factors[10:], strict=False))
 
 
-def test_a_checkpoint_with_another_vocabulary_size_is_refused_with_the_reason():
-    checkpoint = {"state_dict": tiny_model(vocab_size=20).state_dict()}
+@pytest.mark.parametrize("layout", ["whole", "sharded"])
+def test_a_checkpoint_with_another_vocabulary_size_is_refused_with_the_reason(layout):
+    trained = tiny_model(vocab_size=20)
+    checkpoint = {"hyper_parameters": dict(trained.hparams), "epoch": 0, "global_step": 1}
+    if layout == "whole":
+        checkpoint["state_dict"] = trained.state_dict()
+    # FSDP loads a sharded checkpoint's weights itself and gives the hook the rest (meta.pt): no state_dict.
     with pytest.raises(ValueError, match="trained with 20 tokens but this run's data gives model.vocab_size=12"):
         tiny_model().on_load_checkpoint(checkpoint)
+    tiny_model(vocab_size=20).on_load_checkpoint(checkpoint)
 
 
 def test_the_model_learns_a_small_batch_to_exact_match():

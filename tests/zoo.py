@@ -165,6 +165,10 @@ class GAN(LightningModule):
         self.untoggle_optimizer(optimizer_d)
         self.log_dict({"g_loss": g_loss, "d_loss": d_loss}, prog_bar=True)
 
+    def on_validation_epoch_end(self) -> None:
+        # As Lightning's GAN example: samples of fixed latents for the loggers, in a hook no run of this module reaches.
+        self.samples = self(torch.zeros(8, self.hparams.latent_dim, device=self.device)).detach()
+
     def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self(batch[0])
 

@@ -3,6 +3,7 @@ cluster, and what their ranks recorded."""
 
 import fcntl
 import hashlib
+import importlib.util
 import os
 import random
 import shutil
@@ -76,12 +77,27 @@ def pip_install(python: Path | str, *args: str) -> None:
 
 
 def charts_path() -> str:
-    """A directory for the PYTHONPATH of a process that draws a chart, holding requirements-charts.txt (matplotlib):
-    the tests' environment leaves it out, as requirements.txt does, so that no other process imports it."""
+    """A directory for the PYTHONPATH of a process that draws a chart, holding matplotlib: where this Python imports
+    it already (a GPU machine's image often has it), the directory it comes from; else requirements-charts.txt
+    installed once into a directory of its own. The tests' environment leaves matplotlib out, as requirements.txt
+    does, so that no other process imports it."""
+    installed = importlib.util.find_spec("matplotlib")
+    if installed is not None and installed.origin is not None:
+        return str(Path(installed.origin).parents[1])
     charts = REPO / "requirements-charts.txt"
 
     def make(target: Path) -> None:
-        pip_install(sys.executable, "--no-deps", "--target", str(target), "-r", str(charts))
+        command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps"]
+        done = run_script([*command, "--target", str(target), "-r", str(charts)], REPO, timeout=900)
+        if done.returncode != 0:
+            last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+            pytest.fail(
+                f"this test draws a chart with matplotlib, which {sys.executable} cannot import, and pip could not "
+                f"install {charts.name} ({' '.join(last)}). Install it into this Python (pip install -r "
+                f"{charts.name}; offline, from a folder of wheels: pip install --no-index --find-links WHEELS -r "
+                f"{charts.name}), or give pip an index it can reach.",
+                pytrace=False,
+            )
 
     return str(made_once(charts, "charts", make, holds="matplotlib"))
 

@@ -21,14 +21,16 @@ class RankProbe(Callback):
     """Saves ``rank<N>.pt`` in ``out_dir``: world size, backend, pid, threads, usable cores, inputs seen in epoch 0,
     final parameters, the DataModule's state, the precision setting, the device, the dtypes the model's layers (leaf
     modules with weights) computed in training and the gradient scaler's state when training started (None without
-    one).
+    one). The inputs are one tensor of all rows seen where every batch has rows of one shape, else a list of the
+    rows (as each batch padded them): seq2seq batches are padded to their longest sequence.
 
     Args:
         out_dir: where to write.
-        input_key: which part of a batch to record as its inputs: a position in a tuple batch or a key of a dict batch.
+        input_key: which part of a batch to record as its inputs: a position in a tuple batch or a key of a dict
+            batch; by default its first (a tuple's first tensor, a dict batch's first entry).
     """
 
-    def __init__(self, out_dir: str, input_key: int | str = 0) -> None:
+    def __init__(self, out_dir: str, input_key: int | str | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.input_key = input_key
         self.inputs: list[torch.Tensor] = []
@@ -50,7 +52,15 @@ class RankProbe(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         if trainer.current_epoch == 0:
-            self.inputs.append(batch[self.input_key].detach().cpu().clone())
+            key = self.input_key
+            if key is None:
+                key = next(iter(batch)) if isinstance(batch, dict) else 0
+            self.inputs.append(batch[key].detach().cpu().clone())
+
+    def recorded_inputs(self) -> torch.Tensor | list[torch.Tensor]:
+        if len({batch.shape[1:] for batch in self.inputs}) > 1:
+            return [row for batch in self.inputs for row in batch]
+        return torch.cat(self.inputs) if self.inputs else torch.empty(0)  # a run resumed after epoch 0: none
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +77,7 @@ class RankProbe(Callback):
             "device": str(pl_module.device),
             "scaler_at_start": self.scaler_at_start,
             "layer_dtypes": sorted(self.layer_dtypes),
-            "inputs": torch.cat(self.inputs) if self.inputs else torch.empty(0),  # a run resumed after epoch 0: none
+            "inputs": self.recorded_inputs(),
             "params": {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()},
             "datamodule_state": trainer.datamodule.state_dict() if trainer.datamodule else {},
         }

@@ -10,7 +10,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from training.private_api import logged_names
 
-# Hooks that run only at an epoch's end, after the first training step: what they log is not known before.
+# Hooks that run only at an epoch's end, after the first training step: what they log is not known before. The
+# second runs in a run that validates only.
 LATE_HOOKS = ("on_train_epoch_end", "on_validation_epoch_end")
 # Callbacks of these packages log nothing in those hooks.
 QUIET_PACKAGES = ("lightning", "pytorch_lightning", "training")
@@ -121,6 +122,9 @@ def listed(names: list[str], most: int = 12) -> str:
 
 
 def late_logging(trainer: Trainer, pl_module: LightningModule) -> bool:
-    """Whether the module or a callback may log names at an epoch's end that the first step cannot show."""
+    """Whether the module or a callback may log names at an epoch's end that the first step cannot show. A module
+    without validation may override ``on_validation_epoch_end`` all the same (Lightning's GAN example draws samples
+    there): in its run that hook never runs."""
+    hooks = LATE_HOOKS if validates(trainer, pl_module) else LATE_HOOKS[:1]
     foreign = [cb for cb in trainer.callbacks if type(cb).__module__.split(".")[0] not in QUIET_PACKAGES]
-    return any(is_overridden(hook, owner) for hook in LATE_HOOKS for owner in (pl_module, *foreign))
+    return any(is_overridden(hook, owner) for hook in hooks for owner in (pl_module, *foreign))

@@ -1,0 +1,98 @@
+"""scripts/gpu_tier.py, the whole GPU check in one command, where there is no GPU: what it would install from a
+folder of wheels and run, its refusals (no folder, a pin neither installed nor carried, no GPU) and the counts
+its summary reads from pytest."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts import gpu_tier
+
+FILL = "fill it as DEVELOPERS.md says (A GPU machine without internet), on a machine with internet"
+
+
+def run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["gpu_tier", *args])
+    try:
+        status = gpu_tier.main()
+    except SystemExit as exit_:
+        status = exit_.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def lacking(*projects: str):
+    """installed_version as on a machine that has every pin but ``projects``."""
+    return lambda project: None if gpu_tier.normalized(project) in projects else "1.0"
+
+
+def wheels(directory: Path, *names: str) -> Path:
+    directory.mkdir()
+    for name in names:
+        (directory / name).touch()
+    return directory
+
+
+def test_without_the_wheels_folder_it_stops_saying_how_to_fill_it(monkeypatch, capsys, tmp_path):
+    status, out, err = run(monkeypatch, capsys, str(tmp_path / "wheels"))
+    assert (status, out) == (2, "")
+    assert err == f"error: the wheels folder {tmp_path / 'wheels'} does not exist: {FILL}, and copy it here.\n"
+
+
+def test_a_pin_neither_installed_nor_carried_is_named_before_anything_runs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(gpu_tier, "installed_version", lacking("omegaconf", "pytest-timeout"))
+    folder = wheels(tmp_path / "wheels", "omegaconf-2.4.0-py3-none-any.whl")
+    status, out, err = run(monkeypatch, capsys, str(folder), "--dry-run")
+    assert (status, out) == (2, "")
+    assert err == (
+        f"error: this Python ({sys.executable}) lacks pytest-timeout==2.4.0, and {folder} has no wheel of it: "
+        f"{FILL}, with these pins too.\n"
+    )
+
+
+def test_the_dry_run_installs_only_what_this_python_lacks_and_names_every_step(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(gpu_tier, "installed_version", lacking("omegaconf", "docstring-parser"))
+    carried = ["omegaconf-2.4.0-py3-none-any.whl", "docstring_parser-0.18.0-py3-none-any.whl"]
+    folder = wheels(tmp_path / "wheels", *carried, "six-1.17.0-py2.py3-none-any.whl")
+    status, out, err = run(monkeypatch, capsys, str(folder), "--dry-run", "--out", str(tmp_path / "out"))
+    assert (status, err) == (0, "")
+    install, tier, main, bench = out.splitlines()
+    target = tmp_path / "out" / "site"
+    assert install == (
+        f"would install: {sys.executable} -m pip install --no-index --no-deps --target {target} "
+        f"{folder / carried[1]} {folder / carried[0]}"
+    )
+    assert tier == f"would run (GPU tier): {sys.executable} -m pytest -m gpu -n 0 -rA -p no:cacheprovider"
+    assert main.startswith("would run (main command): RUN_ID=gpu-tier-")
+    assert main.endswith(f"LOG_DIR={tmp_path / 'out' / 'nodes'} ./scripts/run_ddp_train.sh 0 0")
+    assert bench.endswith(f"-m benchmarks.bench --quick --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
+    assert not (tmp_path / "out").exists(), "the dry run wrote something"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU runs the check")
+def test_without_a_gpu_it_stops_before_installing_anything(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(gpu_tier, "installed_version", lacking("omegaconf"))
+    folder = wheels(tmp_path / "wheels", "omegaconf-2.4.0-py3-none-any.whl")
+    status, out, err = run(monkeypatch, capsys, str(folder), "--out", str(tmp_path / "out"))
+    assert (status, out) == (2, "")
+    assert err.startswith(f"error: torch {torch.__version__} sees no CUDA GPU here (CUDA build: ")
+    assert err.endswith("On CPU, run README's test command; here, --dry-run shows the steps.\n")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "counts"),
+    [
+        (
+            "x\n===== 4 failed, 10 passed, 2 skipped in 222.31s (0:03:42) =====\n",
+            "10 passed, 4 failed, 0 errors, 2 skipped",
+        ),
+        ("== 1 failed, 3 passed, 1 error in 9.01s ==", "3 passed, 1 failed, 1 errors, 0 skipped"),
+        ("ImportError while loading conftest", "0 passed, 0 failed, 0 errors, 0 skipped"),
+    ],
+    ids=["the issue's run", "an error", "no summary"],
+)
+def test_the_summary_counts_what_pytest_counted(output, counts):
+    assert gpu_tier.test_counts(output) == counts
