@@ -37,7 +37,11 @@ def template_entries() -> list[str]:
 
 def sides(only: list[str]) -> dict:
     """Every side of the comparison, by name: how to run it once."""
-    flags = {name: "--trainer.logger=false" if name == "logger" else f"--turn_off=[{name}]" for name in only}
+    flags = {name: (f"--turn_off=[{name}]",) for name in only}
+    if "logger" in flags:
+        flags["logger"] = ("--trainer.logger=false",)
+    if "ProgressBar" in flags:  # without any bar: Lightning's own would take its place, redrawn every step
+        flags["ProgressBar"] += ("--trainer.enable_progress_bar=false",)
     return {
         "raw": partial(module_run, "benchmarks.raw_ddp"),
         "lightning": partial(module_run, "benchmarks.lightning_only"),
@@ -46,8 +50,8 @@ def sides(only: list[str]) -> dict:
     }
 
 
-def template_without(flag: str, *args, bound: float) -> Path:
-    return template_run(*args, flag, bound=bound)
+def template_without(flags: tuple[str, ...], *args, bound: float) -> Path:
+    return template_run(*args, *flags, bound=bound)
 
 
 def main() -> None:

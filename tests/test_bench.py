@@ -314,3 +314,36 @@ def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
         assert all(positive(row[f"{side}_step_ms"]) for side in SIDES), row
     assert f"gpu: {device}, {results['cores']} CPU cores, torch {torch.__version__}" in result.stdout
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.distributed
+def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_callback_adds():
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.overhead",
+        "--rounds",
+        "2",
+        "--steps",
+        "20",
+        "--only",
+        "StepTime,logger",
+    ]
+    result = run_script(command, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = dict(re.findall(r"^  (\S.*?) +(-?\d+\.\d) us/step$", result.stdout, re.M))
+    assert list(figures) == ["raw", "lightning", "template", "without StepTime", "without logger"], result.stdout
+    assert all(float(value) > 0 for value in figures.values())
+    costs = re.findall(r"^  (\S.*?) +([+-]\d+\.\d) us \(([+-]\d+\.\d) to ([+-]\d+\.\d)\)$", result.stdout, re.M)
+    layers = ["Lightning over the raw loop", "template over Lightning", "StepTime", "logger"]
+    assert [name for name, *_ in costs] == layers, result.stdout
+    for _, median, low, high in costs:
+        assert float(low) <= float(median) <= float(high)
+    lightning, raw = float(figures["lightning"]), float(figures["raw"])
+    assert float(costs[0][1]) == pytest.approx(lightning - raw, abs=0.5)  # one process, two rounds: both medians
+
+
+def test_the_overhead_benchmark_refuses_a_callback_the_template_does_not_have():
+    result = run_script([sys.executable, "-m", "benchmarks.overhead", "--only", "StepTim"], cwd=REPO)
+    assert result.returncode == 2
+    assert "error: --only names StepTim; the template has ModelCheckpoint, LastCheckpoint, FiniteLoss," in result.stderr
