@@ -23,6 +23,7 @@ from training.private_api import (
     before_lightning_takes_signals,
     last_saved_step,
     logged_names,
+    logging_step,
     omegaconf_loader,
     stop_sigterm_broadcast,
     watch_started_processes,
@@ -227,3 +228,41 @@ def test_the_check_finds_private_uses(tmp_path):
         "line 3: import f._g",
         "line 4: ._h",
     ]
+
+
+def test_lightning_still_counts_its_logging_step_in_the_epoch_loop(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Steps(CSVLogger):
+        written: list[int] = []
+
+        def log_metrics(self, metrics, step=None):
+            if "train_loss" in metrics or "loss" in metrics:
+                self.written.append(step)
+
+    class Noted(Callback):
+        noted: list[int] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if (logging_step(trainer) + 1) % 2 == 0:  # when Lightning writes, with log_every_n_steps=2
+                self.noted.append(logging_step(trainer))
+
+    class Logging(BoringModel):
+        def training_step(self, batch, batch_idx):
+            output = super().training_step(batch, batch_idx)
+            self.log("train_loss", output["loss"])
+            return output
+
+    trainer = Trainer(
+        max_steps=7,
+        limit_val_batches=0,
+        log_every_n_steps=2,
+        logger=Steps(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[Noted()],
+    )
+    trainer.fit(Logging())
+    use = "fit_loop.epoch_loop._batches_that_stepped, read in on_train_batch_end"
+    assert Noted.noted == Steps.written == [1, 3, 5], moved("lightning", lightning.__version__, use)

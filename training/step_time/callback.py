@@ -13,6 +13,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from torch.nn.parallel import DistributedDataParallel
 
 from training.heartbeat.liveness import address_towards
+from training.private_api import logging_step
 from training.step_time.clocks import Clock, CpuClock, CudaClock, GradientsReady, Step
 from training.step_time.figures import FIELDS, PARTS, Node, SlowNodeWatch, paragraph, per_node, summary
 
@@ -141,8 +142,11 @@ class StepTime(Callback):
             return
         metrics = {f"timing/node{n}/{k}_ms": f[k] for n, f in figures.items() for k in (*PARTS, "step")}
         metrics["timing/samples_per_s"] = sum(row[1] / sum(row[2:]) * 1e3 for row in rows if sum(row[2:]) > 0)
-        # Lightning writes them with the step's own metrics, to every logger, from global rank 0.
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        # At the step Lightning writes the batch's own metrics with, to every logger, from global rank 0; not through
+        # self.log, which costs a fifth of a millisecond a value.
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, logging_step(trainer))
         # Every process holds the same figures, so every node reaches the same verdict at the same step.
         finding = self.watch.add(trainer.log_every_n_steps, figures)
         if finding is not None and trainer.local_rank == 0:
