@@ -26,10 +26,10 @@ class StepTime(Callback):
 
     Every ``log_every_n_steps`` the processes gather their sums (one small all_gather), and each node's mean
     milliseconds per step go to the loggers as ``timing/node<N>/{data,compute,collective,step}_ms`` with the job's
-    ``timing/samples_per_s`` (through ``self.log``, beside the training step's own metrics). When one node's data or
-    compute time stays well above the others' over ``window`` steps, every node's log gets one paragraph naming it,
-    once per episode. At the end of fit every node's log gets a scaling summary: samples per second of the job and
-    per process, and the shares of the step.
+    ``timing/samples_per_s`` (at the step of the training step's own metrics, written by global rank 0). When one
+    node's data or compute time stays well above the others' over ``window`` steps, every node's log gets one
+    paragraph naming it, once per episode. At the end of fit every node's log gets a scaling summary: samples per
+    second of the job and per process, and the shares of the step.
 
     Args:
         window: how many steps a node must stay slow before it is named (counted in whole log intervals).
