@@ -4,7 +4,8 @@ Each follows the shape of a well-known public example, on tiny random tensors: a
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
 ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
 (lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), and samples read one at
-a time by DataLoader workers from storage that can hang.
+a time by DataLoader workers from storage that can hang, and a stream without a length read from shards that
+``prepare_data`` writes.
 """
 
 import os
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -312,3 +313,41 @@ class SaturatingClassifier(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class ShardStream(IterableDataset):
+    """The samples of this rank's shards (every ``world_size``-th file from ``rank``), read one shard at a time, in
+    the order written; no ``__len__``, as a stream read from files seldom knows its length."""
+
+    def __init__(self, shards: list[Path], rank: int, world_size: int) -> None:
+        self.shards = shards[rank::world_size]
+
+    def __iter__(self):
+        for shard in self.shards:
+            x, y = torch.load(shard, weights_only=True)
+            yield from zip(x, y, strict=True)
+
+
+class Shards(LightningDataModule):
+    """Regression samples that ``prepare_data`` writes to ``num_shards`` files in ``data_dir``, streamed by each rank
+    from its own shards (``ShardStream``); the toy model's shapes linked from ``num_features`` and ``num_targets``."""
+
+    def __init__(
+        self, data_dir: str = "shards", num_shards: int = 8, shard_size: int = 256, batch_size: int = 16
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.num_features, self.num_targets = 8, 1
+
+    def prepare_data(self) -> None:
+        hp = self.hparams
+        Path(hp.data_dir).mkdir(parents=True, exist_ok=True)
+        generator = torch.Generator().manual_seed(0)
+        for index in range(hp.num_shards):
+            x = torch.randn(hp.shard_size, self.num_features, generator=generator)
+            torch.save((x, x.sum(dim=1, keepdim=True)), Path(hp.data_dir) / f"shard-{index:03d}.pt")
+
+    def train_dataloader(self) -> DataLoader:
+        shards = sorted(Path(self.hparams.data_dir).glob("shard-*.pt"))
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        return DataLoader(ShardStream(shards, rank, world_size), batch_size=self.hparams.batch_size)
