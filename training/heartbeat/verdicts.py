@@ -12,6 +12,7 @@ from typing import Any
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
 from training.job.node_processes import NodeProcesses
+from training.run import storage_failure
 
 # After a failed collective, a peer silent this long (or peer_timeout, if shorter) is the one that failed.
 FAILURE_GRACE = timedelta(seconds=10)
@@ -44,6 +45,18 @@ class Verdicts:
             return paragraph
         if why_stopped.timed_out(error):
             return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
+        return None
+
+    def storage_failed(self, error: BaseException, run: str | None) -> str | None:
+        """The paragraph for this process's own ``error`` when the run's directory ``run`` was deleted or its disk is
+        full, or None."""
+        cause = storage_failure.os_error(error)
+        if storage_failure.is_deleted(cause, run):
+            progress = self.progress()
+            reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
+            return storage_failure.deleted(run, cause, reached, self.describe["command"])
+        if storage_failure.is_full_disk(cause) and run is not None:
+            return storage_failure.full_disk(run, cause, self._tail(None))
         return None
 
     def _told(self, failed_at: float, grace: float) -> bool:
