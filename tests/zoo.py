@@ -4,8 +4,8 @@ Each follows the shape of a well-known public example, on tiny random tensors: a
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
 ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
 (lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), and samples read one at
-a time by DataLoader workers from storage that can hang, and a stream without a length read from shards that
-``prepare_data`` writes.
+a time by DataLoader workers from storage that can hang, a stream without a length read from shards that
+``prepare_data`` writes, and an attention layer whose memory grows with the square of its sequences' length.
 """
 
 import os
@@ -351,3 +351,54 @@ class Shards(LightningDataModule):
         shards = sorted(Path(self.hparams.data_dir).glob("shard-*.pt"))
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         return DataLoader(ShardStream(shards, rank, world_size), batch_size=self.hparams.batch_size)
+
+
+class RandomSequences(Dataset):
+    """``(sequence, target)`` pairs of ``seq_len`` vectors of ``dim`` numbers, drawn from the index: no data held."""
+
+    def __init__(self, num_samples: int, seq_len: int, dim: int) -> None:
+        self.num_samples, self.seq_len, self.dim = num_samples, seq_len, dim
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(self.seq_len, self.dim, generator=torch.Generator().manual_seed(index))
+        return x, x.mean(dim=0).sum(dim=0, keepdim=True)
+
+
+class Sequences(LightningDataModule):
+    """Sequences of ``seq_len`` steps, for a model that attends over them (``AttentionRegressor``)."""
+
+    def __init__(self, num_samples: int = 64, seq_len: int = 32, dim: int = 4, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(RandomSequences(hp.num_samples, hp.seq_len, hp.dim), batch_size=hp.batch_size)
+
+
+class AttentionRegressor(LightningModule):
+    """One self-attention layer over a sequence, written out as tutorials write it: its scores take memory in the
+    square of the sequence length."""
+
+    def __init__(self, dim: int = 4, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return self.head((scores.softmax(dim=-1) @ v).mean(dim=1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

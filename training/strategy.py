@@ -136,7 +136,8 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             return
         if why_stopped.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
             self.liveness.stop_job(paragraph)
-        if paragraph := self.liveness.storage_failed(exception, run_of(self.running)):
+        stage = self.running.state.stage if self.running is not None else None
+        if paragraph := self.liveness.own_failure(exception, run_of(self.running), stage and stage.value):
             self.liveness.stop_job(paragraph, only_here=True)
         self.liveness.errored(exception)
 

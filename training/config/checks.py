@@ -17,6 +17,7 @@ from training.config.trainer_settings import combination_problem, trainer_proble
 from training.job.startup import StartupError
 from training.run.csv_logger import logger_problem
 from training.run.mlflow_logger import mlflow_problem
+from training.run.out_of_memory import out_of_memory
 from training.run.storage import storage_problem
 from training.run.writable import unwritable_problem
 
@@ -69,6 +70,8 @@ def refused_setting(error: BaseException) -> str | None:
         return str(error)
     if isinstance(error, RuntimeError) and "by returning None in distributed training" in str(error):
         return SKIPPED_STEP
+    if memory := out_of_memory(error):  # one process; a job's processes say it themselves (training/strategy.py)
+        return memory
     if not isinstance(error, ValueError):
         return None
     frame = error.__traceback__

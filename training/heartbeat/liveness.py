@@ -129,9 +129,9 @@ class Liveness(Verdicts):
     def stop_job(self, paragraph: str, only_here: bool = False) -> None:
         """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it.
 
-        With ``only_here`` (a verdict no other process reaches by itself: the run's directory gone under global rank
-        0), first wait a few heartbeats at most until every other process has heard it and stops with it: they hear
-        it through the store, which ends with global rank 0's process."""
+        With ``only_here`` (a verdict no other process reaches by itself: the run's directory gone, memory that ran
+        out), first wait a few heartbeats at most until every other process has heard it and stops with it: they
+        hear it through the store, which ends with global rank 0's process."""
         if not self.stopping.acquire(blocking=False):
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
