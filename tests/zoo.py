@@ -2,10 +2,11 @@
 
 Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
-ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
-(lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), and samples read one at
-a time by DataLoader workers from storage that can hang, a stream without a length read from shards that
-``prepare_data`` writes, and an attention layer whose memory grows with the square of its sequences' length.
+ReduceLROnPlateau on it (Lightning's docs) or a OneCycleLR sized by the run's total steps, a module given a partial
+optimizer and scheduler and its network (lightning-hydra-template's MNIST module), a classifier whose accuracy
+saturates (a plateau), samples read one at a time by DataLoader workers from storage that can hang, a stream without
+a length read from shards that ``prepare_data`` writes, and an attention layer whose memory grows with the square of
+its sequences' length.
 """
 
 import os
@@ -218,6 +219,16 @@ class SkippingClassifier(PlateauClassifier):
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         return None if batch_idx == self.skip_batch else super().training_step(batch, batch_idx)
+
+
+class OneCycleClassifier(PlateauClassifier):
+    """Steps a OneCycleLR every batch, sized by the run's total steps, as its PyTorch and Lightning examples do."""
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 class Classifier(nn.Module):

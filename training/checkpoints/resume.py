@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from training.checkpoints.contents import counters
+from training.checkpoints.schedule_end import sized_schedule_note
 from training.run.storage import is_remote, parent, shown
 
 # --ckpt_path untrained: validate, test or predict with the model's untrained weights on purpose.
@@ -235,6 +236,6 @@ class ResumeReport(Callback):
                 f"Nothing to train: the run in {run} already reached its end (epoch "
                 f"{trainer.current_epoch}, step {trainer.global_step}; trainer.max_epochs={trainer.max_epochs}, "
                 f"trainer.max_steps={trainer.max_steps}). Raise those to train longer, or set RUN_ID to start a new "
-                "run."
+                f"run.{sized_schedule_note(trainer)}"
             )
         self.resumed_step = None

@@ -10,6 +10,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.checkpoints.schedule_end import schedule_outrun
 from training.config.network import gloo_interface_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
@@ -72,6 +73,8 @@ def refused_setting(error: BaseException) -> str | None:
         return SKIPPED_STEP
     if memory := out_of_memory(error):  # one process; a job's processes say it themselves (training/strategy.py)
         return memory
+    if outrun := schedule_outrun(error):
+        return outrun
     if not isinstance(error, ValueError):
         return None
     frame = error.__traceback__
