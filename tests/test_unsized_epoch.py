@@ -1,6 +1,8 @@
 """training.UnsizedEpochResume in one process: a run resumed part-way through an epoch of tests.zoo.Shards (an
 IterableDataset without a length) from a checkpoint saved there, against the same run uninterrupted."""
 
+import warnings
+
 import pytest
 from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader
@@ -57,9 +59,9 @@ class Validations(Callback):
         self.at_steps.append(trainer.global_step)
 
 
-def fit(data_dir, data=ValidatedShards, stop_at=None, ckpt_path=None) -> tuple[Trainer, list[int]]:
+def fit(data_dir, data=ValidatedShards, stop_at=None, ckpt_path=None, plain=False) -> tuple[Trainer, list[int]]:
     validations = Validations()
-    callbacks = [UnsizedEpochResume(), validations]
+    callbacks = [validations] if plain else [UnsizedEpochResume(), validations]
     if stop_at is not None:
         callbacks.append(SaveAndStop(stop_at, str(data_dir / "stopped.ckpt")))
     trainer = Trainer(
@@ -81,16 +83,27 @@ def uninterrupted(tmp_path_factory):
     return fit(tmp_path_factory.mktemp("uninterrupted"))
 
 
-def resumed(tmp_path, stop_at: int, data=ValidatedShards) -> tuple[Trainer, list[int]]:
+def resumed(tmp_path, stop_at: int, data=ValidatedShards, plain=False) -> tuple[Trainer, list[int]]:
     with pytest.raises(Interrupt):
-        fit(tmp_path, data, stop_at=stop_at)
-    return fit(tmp_path, data, ckpt_path=str(tmp_path / "stopped.ckpt"))
+        fit(tmp_path, data, stop_at=stop_at, plain=plain)
+    return fit(tmp_path, data, ckpt_path=str(tmp_path / "stopped.ckpt"), plain=plain)
+
+
+def test_plain_lightning_trains_the_batches_done_before_the_stop_once_more_and_says_nothing(tmp_path, uninterrupted):
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        trainer, _ = resumed(tmp_path, BATCHES + 3, plain=True)
+    assert trainer.global_step == uninterrupted[0].global_step + 3
+    assert not [warning for warning in warned if "before the epoch ended" in str(warning.message)]
 
 
 def test_a_run_resumed_in_its_second_epoch_ends_and_validates_at_the_steps_of_an_uninterrupted_one(
     tmp_path, uninterrupted, caplog
 ):
-    trainer, validations = resumed(tmp_path, BATCHES + 3)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        trainer, validations = resumed(tmp_path, BATCHES + 3)
+    assert not [warning for warning in warned if "before the epoch ended" in str(warning.message)]  # one line only
     assert uninterrupted[0].global_step == 3 * BATCHES
     assert trainer.global_step == uninterrupted[0].global_step
     assert trainer.current_epoch == uninterrupted[0].current_epoch
