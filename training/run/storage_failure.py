@@ -62,12 +62,13 @@ def writer(error: BaseException) -> str:
 
 
 def deleted(run: str, error: BaseException, reached: str, command: str) -> str:
+    """``reached``: where this node had got to, a sentence ("" before training)."""
     return (
         f"the run's directory {shown(run)} was deleted while the job trained: {writer(error)} could not write there "
-        f"({why_stopped.one_line(error)}). Its checkpoints went with it, so nothing is left to resume from. {reached} "
-        "Running the same command on every node again starts the run anew, from the first step (set RUN_ID to a new "
-        f"name to tell the two apart){why_stopped.STARTED}{command}"
-    ).replace("  ", " ")
+        f"({why_stopped.one_line(error)}). Its checkpoints went with it, so nothing is left to resume from. "
+        f"{reached + ' ' if reached else ''}Running the same command on every node again starts the run anew, from "
+        f"the first step (set RUN_ID to a new name to tell the two apart){why_stopped.STARTED}{command}"
+    )
 
 
 def full_disk(run: str, error: BaseException, tail: str) -> str:
