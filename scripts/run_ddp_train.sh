@@ -93,6 +93,10 @@ hung_up() {
 log_failed() {
     local line
     while IFS= read -r line; do
+        if [[ $line != "tee: $log_file: "* ]]; then # not about the log (the terminal closed, say): as tee said it
+            printf '%s\n' "$line" >&2
+            continue
+        fi
         # On a line of its own, after a progress bar's.
         printf '\nwarning: node %s cannot write its log %s any more (%s): training goes on, its output from here on %s\n' \
             "$NODE_RANK" "$log_file" "${line##*: }" \
@@ -308,12 +312,8 @@ while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
     sleep 0.5
 done
 stop_launch TERM "training exited, stopping processes it left running" "$(launch_processes)"
-logged=0
-wait "$tee_pid" || logged=$?
-if ((status != 0 && logged != 0)); then
-    echo "node $NODE_RANK: training exited with status $status; its output is above ($log_file stops where its" \
-        "disk filled)" >&2
-elif ((status != 0)); then
+wait "$tee_pid" || true
+if ((status != 0)); then
     echo "node $NODE_RANK: training exited with status $status; its output is in $log_file" >&2
 fi
 exit "$status"
