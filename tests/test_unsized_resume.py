@@ -66,8 +66,8 @@ def test_the_resumed_run_ends_at_the_step_of_an_uninterrupted_one_and_says_the_e
         "Epoch 1 starts again from its first batch: the training data (an IterableDataset without a length, in a "
         "loader without state_dict) cannot continue part-way through an epoch. It ends after the "
         f"{STEPS_PER_EPOCH - done} batches it had left (the previous epoch had {STEPS_PER_EPOCH}), so the run ends at "
-        "the step an uninterrupted one would. A loader with state_dict and load_state_dict (torchdata's "
-        "StatefulDataLoader) continues where it stopped."
+        "the step an uninterrupted one would. A loader with state_dict and load_state_dict continues where it stopped "
+        "(data/resumable.py's EpochPosition keeps the trainer's count)."
     ], resumed["output"]
     assert resumed["checkpoint"]["global_step"] == 2 * STEPS_PER_EPOCH
     assert resumed["checkpoint"]["epoch"] == 1  # the last of max_epochs=2, not a third begun

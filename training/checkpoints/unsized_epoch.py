@@ -63,7 +63,8 @@ class UnsizedEpochResume(Callback):
             "without a length, in a loader without state_dict) cannot continue part-way through an epoch"
         )
         fix = (
-            "A loader with state_dict and load_state_dict (torchdata's StatefulDataLoader) continues where it stopped."
+            "A loader with state_dict and load_state_dict continues where it stopped (data/resumable.py's "
+            "EpochPosition keeps the trainer's count)."
         )
         if self.epoch_batches is None or done >= self.epoch_batches:
             rank_zero_info(
