@@ -12,7 +12,6 @@ import traceback
 
 from lightning.pytorch import Trainer
 
-from training.checkpoints.resume import checkpoint_dir
 from training.heartbeat import why_stopped
 from training.run.storage import is_remote, parent, shown
 
@@ -28,9 +27,10 @@ WRITERS = {
 
 
 def run_of(trainer: Trainer | None) -> str | None:
-    """The run's directory, where its checkpoints are kept (None without a ModelCheckpoint); no collective."""
-    directory = checkpoint_dir(trainer) if trainer is not None else None
-    return parent(directory) if directory is not None else None
+    """The run's directory, where its checkpoints are kept, once the checkpoint callback knows it (None before its
+    setup, or without one). Only reads what is set: it runs as the job fails."""
+    dirpath = getattr(trainer.checkpoint_callback, "dirpath", None) if trainer is not None else None
+    return parent(str(dirpath)) if dirpath else None
 
 
 def os_error(error: BaseException) -> OSError | None:
