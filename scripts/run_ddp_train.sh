@@ -87,6 +87,23 @@ hung_up() {
     forward HUP "the terminal closed, stopping training"
 }
 
+# The disk of the node's log filled while training runs: tee stops writing the log, and training goes on with its
+# output shown only here (DETACH=1 shows it nowhere). Said once, in place of tee's own line.
+# shellcheck disable=SC2329  # runs in the background
+log_failed() {
+    local line
+    while IFS= read -r line; do
+        if [[ $line != "tee: $log_file: "* ]]; then # not about the log (the terminal closed, say): as tee said it
+            printf '%s\n' "$line" >&2
+            continue
+        fi
+        # On a line of its own, after a progress bar's.
+        printf '\nwarning: node %s cannot write its log %s any more (%s): training goes on, its output from here on %s\n' \
+            "$NODE_RANK" "$log_file" "${line##*: }" \
+            "shows only here. Free space on that disk, or set LOG_DIR to another for the next run." >&2
+    done
+}
+
 # With STOP_WITH_STDIN, standard input comes from whoever started this node over ssh (scripts/launch_cluster.sh):
 # a line INT or TERM asks for a stop as that signal does, and its end, which arrives however the starter ended
 # (SIGKILL included) or its connection closed, stops training as SIGTERM does. sshd signals nothing when a
@@ -253,11 +270,16 @@ fi
 
 mkdir -p "$LOG_DIR"
 launch_id="$(hostname)-$$-$(date +%s%N)"
-{
+header() {
     echo "==== $(date '+%F %T') node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
     printf '%s\n' "${exports[@]}"
     quote "${command[@]}"
-} | tee -a "$log_file"
+}
+header
+if ! failure=$(header 2>&1 >>"$log_file"); then
+    die "node $NODE_RANK cannot write its log $log_file (${failure##*: }). Free space on that disk, or set LOG_DIR" \
+        "(scripts/cluster.env or the environment) to a directory on another. Nothing was launched."
+fi
 
 trap on_exit EXIT
 trap 'forward INT "interrupted, stopping training"' INT
@@ -265,7 +287,7 @@ trap 'forward TERM "terminated, stopping training"' TERM
 trap hung_up HUP
 fifo_dir=$(mktemp -d)
 mkfifo "$fifo_dir/output"
-(trap '' HUP && exec tee -ia "$log_file") <"$fifo_dir/output" &
+(trap '' HUP && exec tee -ia "$log_file" 2> >(log_failed)) <"$fifo_dir/output" &
 tee_pid=$!
 # A session of its own: a Ctrl-C reaches training once, through the trap above. A script starts its
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.

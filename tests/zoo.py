@@ -2,9 +2,11 @@
 
 Each follows the shape of a well-known public example, on tiny random tensors: a GAN with manual optimization and
 two optimizers and no validation (Lightning's GAN example), a classifier that logs ``val_loss`` and steps a
-ReduceLROnPlateau on it (Lightning's docs), a module given a partial optimizer and scheduler and its network
-(lightning-hydra-template's MNIST module), a classifier whose accuracy saturates (a plateau), one whose learning rate
-explodes after its first epoch, and samples read one at a time by DataLoader workers from storage that can hang.
+ReduceLROnPlateau on it (Lightning's docs) or a OneCycleLR sized by the run's total steps, a module given a partial
+optimizer and scheduler and its network (lightning-hydra-template's MNIST module), a classifier whose accuracy
+saturates (a plateau), one whose learning rate explodes after its first epoch, samples read one at a time by
+DataLoader workers from storage that can hang, a stream without a length read from shards that ``prepare_data``
+writes, and an attention layer whose memory grows with the square of its sequences' length.
 """
 
 import os
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torchmetrics import MaxMetric, MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -238,6 +240,16 @@ class ExplodingClassifier(PlateauClassifier):
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.ExponentialLR(optimizer, self.gamma)}
 
 
+class OneCycleClassifier(PlateauClassifier):
+    """Steps a OneCycleLR every batch, sized by the run's total steps, as its PyTorch and Lightning examples do."""
+
+    def configure_optimizers(self) -> dict:
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=self.hparams.lr, total_steps=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
 class Classifier(nn.Module):
     """The network the module below is given, as lightning-hydra-template passes its ``net``."""
 
@@ -328,6 +340,95 @@ class SaturatingClassifier(LightningModule):
 
     def predict_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self.layer(batch[0]).argmax(dim=1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class ShardStream(IterableDataset):
+    """The samples of this rank's shards (every ``world_size``-th file from ``rank``), read one shard at a time, in
+    the order written; no ``__len__``, as a stream read from files seldom knows its length."""
+
+    def __init__(self, shards: list[Path], rank: int, world_size: int) -> None:
+        self.shards = shards[rank::world_size]
+
+    def __iter__(self):
+        for shard in self.shards:
+            x, y = torch.load(shard, weights_only=True)
+            yield from zip(x, y, strict=True)
+
+
+class Shards(LightningDataModule):
+    """Regression samples that ``prepare_data`` writes to ``num_shards`` files in ``data_dir``, streamed by each rank
+    from its own shards (``ShardStream``); the toy model's shapes linked from ``num_features`` and ``num_targets``."""
+
+    def __init__(
+        self, data_dir: str = "shards", num_shards: int = 8, shard_size: int = 256, batch_size: int = 16
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.num_features, self.num_targets = 8, 1
+
+    def prepare_data(self) -> None:
+        hp = self.hparams
+        Path(hp.data_dir).mkdir(parents=True, exist_ok=True)
+        generator = torch.Generator().manual_seed(0)
+        for index in range(hp.num_shards):
+            x = torch.randn(hp.shard_size, self.num_features, generator=generator)
+            torch.save((x, x.sum(dim=1, keepdim=True)), Path(hp.data_dir) / f"shard-{index:03d}.pt")
+
+    def train_dataloader(self) -> DataLoader:
+        shards = sorted(Path(self.hparams.data_dir).glob("shard-*.pt"))
+        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        return DataLoader(ShardStream(shards, rank, world_size), batch_size=self.hparams.batch_size)
+
+
+class RandomSequences(Dataset):
+    """``(sequence, target)`` pairs of ``seq_len`` vectors of ``dim`` numbers, drawn from the index: no data held."""
+
+    def __init__(self, num_samples: int, seq_len: int, dim: int) -> None:
+        self.num_samples, self.seq_len, self.dim = num_samples, seq_len, dim
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(self.seq_len, self.dim, generator=torch.Generator().manual_seed(index))
+        return x, x.mean(dim=0).sum(dim=0, keepdim=True)
+
+
+class Sequences(LightningDataModule):
+    """Sequences of ``seq_len`` steps, for a model that attends over them (``AttentionRegressor``)."""
+
+    def __init__(self, num_samples: int = 64, seq_len: int = 32, dim: int = 4, batch_size: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def train_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(RandomSequences(hp.num_samples, hp.seq_len, hp.dim), batch_size=hp.batch_size)
+
+
+class AttentionRegressor(LightningModule):
+    """One self-attention layer over a sequence, written out as tutorials write it: its scores take memory in the
+    square of the sequence length."""
+
+    def __init__(self, dim: int = 4, lr: float = 0.01) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        return self.head((scores.softmax(dim=-1) @ v).mean(dim=1))
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train/loss", loss)
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

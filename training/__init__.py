@@ -27,6 +27,7 @@ WHERE = {
     "StartupError": "training.job.startup",
     "StayStopped": "training.callbacks.early_stopping",
     "StepTime": "training.step_time.callback",
+    "UnsizedEpochResume": "training.checkpoints.unsized_epoch",
     "UnusedParameterCheck": "training.callbacks.unused_parameters",
 }
 __all__ = sorted(WHERE)

@@ -35,6 +35,7 @@ from training.job.roster import Member
 from training.job.startup import StartupError, handshake
 from training.job.store import connect
 from training.private_api import watch_started_processes
+from training.run.storage_failure import quiet_writer_threads, run_of
 
 
 class DDPStrategy(SaveAgreement, LightningDDPStrategy):
@@ -91,6 +92,7 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         if self.local_rank_given is None:
             node_processes.mark_as_starter()
         watch_started_processes(node_processes.watch)
+        quiet_writer_threads()
         self.wrapper: Callable[[], Any] = lambda: None  # the DDP wrapper, while it lives
 
     @property
@@ -134,6 +136,9 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             return
         if why_stopped.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
             self.liveness.stop_job(paragraph)
+        stage = self.running.state.stage if self.running is not None else None
+        if paragraph := self.liveness.own_failure(exception, run_of(self.running), stage and stage.value):
+            self.liveness.stop_job(paragraph, only_here=True)
         self.liveness.errored(exception)
 
     def configure_ddp(self) -> None:

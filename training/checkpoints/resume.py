@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from training.checkpoints.contents import counters
+from training.checkpoints.schedule_end import sized_schedule_note
 from training.run.storage import is_remote, parent, shown
 
 # --ckpt_path untrained: validate, test or predict with the model's untrained weights on purpose.
@@ -186,8 +187,9 @@ def no_weights(trainer: Trainer) -> str:
 
 
 class ResumeReport(Callback):
-    """Says where a resumed run continues, that there is nothing to train when it had already ended, and which
-    weights validate, test and predict use: a checkpoint's, or the untrained ones when there is none."""
+    """Says where a resumed run continues (or that it trains from the first step), that there is nothing to train when
+    it had already ended, and which weights validate, test and predict use: a checkpoint's, or the untrained ones when
+    there is none."""
 
     def __init__(self) -> None:
         self.resumed_step: int | None = None
@@ -199,15 +201,22 @@ class ResumeReport(Callback):
         if trainer.state.fn == "fit":
             rank_zero_info(f"Resuming from {self.loaded}.")
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A run whose directory went (deleted, another disk mounted) starts from scratch as a new one does: said once.
+        if trainer.ckpt_path is None:
+            rank_zero_info(f"Training from the first step: no checkpoint was loaded, {self.why_none(trainer)}.")
+
+    def why_none(self, trainer: Trainer) -> str:
+        where = shown(checkpoint_dir(trainer) or trainer.default_root_dir)
+        return "the config names none" if last_checkpoint(trainer) else f"{where} holds no last.ckpt"
+
     def report_weights(self, trainer: Trainer, doing: str) -> None:
         if trainer.state.fn == "fit":
             return
         if self.loaded:
             rank_zero_info(f"{doing} with the weights of {self.loaded}.")
         else:
-            where = shown(checkpoint_dir(trainer) or trainer.default_root_dir)
-            why = "the config names none" if last_checkpoint(trainer) else f"{where} holds no last.ckpt"
-            rank_zero_info(f"{doing} with untrained weights: no checkpoint was loaded, {why}.")
+            rank_zero_info(f"{doing} with untrained weights: no checkpoint was loaded, {self.why_none(trainer)}.")
         self.loaded = None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -227,6 +236,6 @@ class ResumeReport(Callback):
                 f"Nothing to train: the run in {run} already reached its end (epoch "
                 f"{trainer.current_epoch}, step {trainer.global_step}; trainer.max_epochs={trainer.max_epochs}, "
                 f"trainer.max_steps={trainer.max_steps}). Raise those to train longer, or set RUN_ID to start a new "
-                "run."
+                f"run.{sized_schedule_note(trainer)}"
             )
         self.resumed_step = None

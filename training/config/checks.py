@@ -11,6 +11,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from training.callbacks.finite_loss import NonFiniteError
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
+from training.checkpoints.schedule_end import schedule_outrun
 from training.config.network import gloo_interface_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
@@ -18,6 +19,7 @@ from training.config.trainer_settings import combination_problem, trainer_proble
 from training.job.startup import StartupError
 from training.run.csv_logger import logger_problem
 from training.run.mlflow_logger import mlflow_problem
+from training.run.out_of_memory import out_of_memory
 from training.run.storage import storage_problem
 from training.run.writable import unwritable_problem
 
@@ -70,6 +72,10 @@ def refused_setting(error: BaseException) -> str | None:
         return str(error)
     if isinstance(error, RuntimeError) and "by returning None in distributed training" in str(error):
         return SKIPPED_STEP
+    if memory := out_of_memory(error):  # one process; a job's processes say it themselves (training/strategy.py)
+        return memory
+    if outrun := schedule_outrun(error):
+        return outrun
     if not isinstance(error, ValueError):
         return None
     frame = error.__traceback__

@@ -126,12 +126,19 @@ class Liveness(Verdicts):
         self.state = {"state": "failed", "error": why_stopped.one_line(error), "log": os.environ.get("DDP_NODE_LOG")}
         self._publish()
 
-    def stop_job(self, paragraph: str) -> None:
-        """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it."""
+    def stop_job(self, paragraph: str, only_here: bool = False) -> None:
+        """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it.
+
+        With ``only_here`` (a verdict no other process reaches by itself: the run's directory gone, memory that ran
+        out), first wait a few heartbeats at most until every other process has heard it and stops with it: they
+        hear it through the store, which ends with global rank 0's process."""
         if not self.stopping.acquire(blocking=False):
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
         self._publish()
+        deadline = time.monotonic() + 5 * self.period
+        while only_here and time.monotonic() < deadline and not self._all_stopping():
+            time.sleep(self.period / 4)
         if self.node is not None:  # a frozen process that started this one would speak for the node, and never end
             end_frozen_starter()
         if self._speaks():
@@ -140,6 +147,10 @@ class Liveness(Verdicts):
         if self.node is not None:
             end_later()
         os._exit(EXIT_STATUS)
+
+    def _all_stopping(self) -> bool:
+        others = [peer.beat for rank, peer in dict(self.hearing.peers).items() if rank != self.me["rank"]]
+        return len(others) == self.world_size - 1 and all(beat.get("state") != "running" for beat in others)
 
     def _speaks(self) -> bool:
         """Whether this process prints what its node says: local rank 0, or whichever speaks for the node."""

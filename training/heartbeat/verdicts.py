@@ -12,6 +12,8 @@ from typing import Any
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
 from training.job.node_processes import NodeProcesses
+from training.run import storage_failure
+from training.run.out_of_memory import out_of_memory
 
 # After a failed collective, a peer silent this long (or peer_timeout, if shorter) is the one that failed.
 FAILURE_GRACE = timedelta(seconds=10)
@@ -21,6 +23,7 @@ class Verdicts:
     """What Liveness (training/heartbeat/liveness.py) concludes from what it has heard; it sets the attributes below."""
 
     hearing: Hearing
+    me: dict[str, Any]
     node: NodeProcesses | None
     peer_timeout: timedelta
     period: float
@@ -45,6 +48,18 @@ class Verdicts:
         if why_stopped.timed_out(error):
             return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
         return None
+
+    def own_failure(self, error: BaseException, run: str | None, stage: str | None) -> str | None:
+        """The paragraph for this process's own ``error`` where it is no bug: the run's directory ``run`` deleted or on
+        a full disk, an allocation that did not fit in memory in ``stage`` (Lightning's name); else None."""
+        cause = storage_failure.os_error(error)
+        if storage_failure.is_deleted(cause, run):
+            progress = self.progress()
+            reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
+            return storage_failure.deleted(run, cause, reached, self.describe["command"])
+        if storage_failure.is_full_disk(cause) and run is not None:
+            return storage_failure.full_disk(run, cause, self._tail(None))
+        return out_of_memory(error, why_stopped.who(self.me), stage)
 
     def _told(self, failed_at: float, grace: float) -> bool:
         """Whether the heartbeats since a collective failed at ``failed_at`` have said all they will: ``grace`` and

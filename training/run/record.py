@@ -121,7 +121,10 @@ class RunRecord(SaveConfigCallback):
             if not os.path.isdir(logger.log_dir):
                 continue
             if isinstance(logger, TensorBoardLogger):
-                empty = empty_event_files(logger)
+                try:
+                    empty = empty_event_files(logger)
+                except OSError:  # its writer failed (a full disk), which the job's paragraph names; files stay
+                    continue
                 if not empty:
                     continue
                 for path in empty:
