@@ -35,7 +35,7 @@ from training.job.roster import Member
 from training.job.startup import StartupError, handshake
 from training.job.store import connect
 from training.private_api import watch_started_processes
-from training.run.storage_failure import quiet_writer_threads, run_of
+from training.run.storage_failure import quiet_writer_threads
 
 
 class DDPStrategy(SaveAgreement, LightningDDPStrategy):
@@ -136,8 +136,7 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             return
         if why_stopped.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
             self.liveness.stop_job(paragraph)
-        stage = self.running.state.stage if self.running is not None else None
-        if paragraph := self.liveness.own_failure(exception, run_of(self.running), stage and stage.value):
+        if paragraph := self.liveness.own_failure(exception, self.running):
             self.liveness.stop_job(paragraph, only_here=True)
         self.liveness.errored(exception)
 

@@ -49,9 +49,12 @@ class Verdicts:
             return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
         return None
 
-    def own_failure(self, error: BaseException, run: str | None, stage: str | None) -> str | None:
-        """The paragraph for this process's own ``error`` where it is no bug: the run's directory ``run`` deleted or on
-        a full disk, an allocation that did not fit in memory in ``stage`` (Lightning's name); else None."""
+    def own_failure(self, error: BaseException, trainer: Any) -> str | None:
+        """The paragraph for this process's own ``error`` in ``trainer``'s run where it is no bug: the run's directory
+        deleted or on a full disk, an allocation that did not fit in memory; else None (``trainer``: None before one
+        runs)."""
+        run = storage_failure.run_of(trainer)
+        stage = trainer.state.stage.value if trainer is not None and trainer.state.stage is not None else None
         cause = storage_failure.os_error(error)
         if storage_failure.is_deleted(cause, run):
             progress = self.progress()

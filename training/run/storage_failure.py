@@ -83,9 +83,12 @@ def quiet_writer_threads() -> None:
     """Keep TensorBoard's writer thread from printing a traceback when its write fails: it keeps the error, which its
     next write in the main thread raises, and the job stops there with one paragraph."""
     shown_by_python = threading.excepthook
+    if getattr(shown_by_python, "quiets_writer_threads", False):  # every strategy of a process installs it
+        return
 
     def hook(args: threading.ExceptHookArgs) -> None:
         if type(args.thread).__name__ != "_AsyncWriterThread" or not isinstance(args.exc_value, OSError):
             shown_by_python(args)
 
+    hook.quiets_writer_threads = True
     threading.excepthook = hook
