@@ -316,31 +316,46 @@ def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
-@pytest.mark.distributed
-def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_callback_adds():
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.overhead",
-        "--rounds",
-        "2",
-        "--steps",
-        "20",
-        "--only",
-        "StepTime,logger",
+def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_callback_adds(
+    tmp_path, monkeypatch, capsys
+):
+    from benchmarks import overhead
+
+    # Each run steps evenly, the template 10 us slower in the second round: every figure is known to the microsecond.
+    step_us = {"raw": 500, "lightning": 1300, "template": 1450, "without StepTime": 1420, "without logger": 1400}
+    modules = {"benchmarks.raw_ddp": "raw", "benchmarks.lightning_only": "lightning"}
+    flags = {
+        ("--turn_off=[StepTime]",): "without StepTime",
+        ("--trainer.logger=false",): "without logger",
+        (): "template",
+    }
+    runs = []
+
+    def record(side: str, args: tuple) -> Path:
+        workload, processes, steps, quick, accelerator, work, name, *given = args
+        runs.append((side, workload, processes, accelerator))
+        step = step_us[side] + (10 if side == "template" and name.endswith("-1") else 0)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"starts": [i * step / 1e6 for i in range(steps)]}))
+        return path
+
+    monkeypatch.setattr(overhead, "module_run", lambda module, *args, bound: record(modules[module], args))
+    monkeypatch.setattr(overhead, "template_run", lambda *args, bound: record(flags[tuple(args[7:])], args))
+    monkeypatch.setattr(sys, "argv", ["overhead", "--rounds", "2", "--steps", "20", "--only", "StepTime,logger"])
+    overhead.main()
+    assert sorted(runs) == sorted((side, "null", 1, "cpu") for side in step_us for _ in range(2))
+    assert capsys.readouterr().out.splitlines()[-10:] == [
+        "per-step cost on a workload of almost no compute, 1 CPU process, median of 2 rounds:",
+        "  raw                                 500.0 us/step",
+        "  lightning                          1300.0 us/step",
+        "  template                           1455.0 us/step",
+        "  without StepTime                   1420.0 us/step",
+        "  without logger                     1400.0 us/step",
+        "  Lightning over the raw loop       +800.0 us (+800.0 to +800.0)",
+        "  template over Lightning           +155.0 us (+150.0 to +160.0)",
+        "  StepTime                           +35.0 us (+30.0 to +40.0)",
+        "  logger                             +55.0 us (+50.0 to +60.0)",
     ]
-    result = run_script(command, cwd=REPO, timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = dict(re.findall(r"^  (\S.*?) +(-?\d+\.\d) us/step$", result.stdout, re.M))
-    assert list(figures) == ["raw", "lightning", "template", "without StepTime", "without logger"], result.stdout
-    assert all(float(value) > 0 for value in figures.values())
-    costs = re.findall(r"^  (\S.*?) +([+-]\d+\.\d) us \(([+-]\d+\.\d) to ([+-]\d+\.\d)\)$", result.stdout, re.M)
-    layers = ["Lightning over the raw loop", "template over Lightning", "StepTime", "logger"]
-    assert [name for name, *_ in costs] == layers, result.stdout
-    for _, median, low, high in costs:
-        assert float(low) <= float(median) <= float(high)
-    lightning, raw = float(figures["lightning"]), float(figures["raw"])
-    assert float(costs[0][1]) == pytest.approx(lightning - raw, abs=0.5)  # one process, two rounds: both medians
 
 
 def test_the_overhead_benchmark_refuses_a_callback_the_template_does_not_have():
