@@ -2,6 +2,7 @@
 up while TensorBoard writes there. One paragraph on every node, exit 1, no traceback."""
 
 import contextlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -111,3 +112,19 @@ def test_a_disk_that_fills_while_tensorboard_writes_stops_both_nodes_each_naming
     assert told.startswith(head), told
     for output in master_log, worker_log:
         assert not traces(output), output
+
+
+def test_with_one_process_a_deleted_run_directory_ends_in_the_same_paragraph(tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = start(tmp_path, "--trainer.max_epochs=1", *held_at(hold, HOLD_STEP), devices=1)
+    wait_for_hold(hold, 1, job)
+    run = tmp_path / "logs" / "toy" / "default"
+    shutil.rmtree(run)
+    hold.unlink()
+    result = ended(tmp_path, job)
+    assert result["status"] == 1, result["output"]
+    paragraph = last_paragraph(result["output"])
+    assert paragraph.startswith(f"error: the run's directory {run} was deleted while the job trained: TensorBoard ")
+    assert re.search(r"This run had reached epoch 0, step \d+\.", paragraph) and result["output"].count("error: ") == 1
+    assert not traces(result["output"]) and result["left"] == []

@@ -35,7 +35,6 @@ from training.job.roster import Member
 from training.job.startup import StartupError, handshake
 from training.job.store import connect
 from training.private_api import watch_started_processes
-from training.run.storage_failure import quiet_writer_threads
 
 
 class DDPStrategy(SaveAgreement, LightningDDPStrategy):
@@ -92,7 +91,6 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         if self.local_rank_given is None:
             node_processes.mark_as_starter()
         watch_started_processes(node_processes.watch)
-        quiet_writer_threads()
         self.wrapper: Callable[[], Any] = lambda: None  # the DDP wrapper, while it lives
 
     @property

@@ -21,6 +21,7 @@ from training.run.csv_logger import logger_problem
 from training.run.mlflow_logger import mlflow_problem
 from training.run.out_of_memory import out_of_memory
 from training.run.storage import storage_problem
+from training.run.storage_failure import explained
 from training.run.writable import unwritable_problem
 
 FIX = "Fix the trainer settings in the config files or on the command line."
@@ -72,6 +73,8 @@ def refused_setting(error: BaseException) -> str | None:
         return str(error)
     if isinstance(error, RuntimeError) and "by returning None in distributed training" in str(error):
         return SKIPPED_STEP
+    if paragraph := explained(error):  # the run's directory deleted or full, under one process
+        return paragraph
     if memory := out_of_memory(error):  # one process; a job's processes say it themselves (training/strategy.py)
         return memory
     if outrun := schedule_outrun(error):

@@ -13,6 +13,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from training.job.fingerprint import config_items
+from training.run import storage_failure
 from training.run.csv_logger import CSVLogger
 from training.run.mlflow_logger import MLFlowLogger
 
@@ -75,6 +76,7 @@ class RunRecord(SaveConfigCallback):
     had_hparams: set[str] | None = None  # the logger directories that held an hparams.yaml at set-up
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        storage_failure.quiet_writer_threads()
         if self.already_saved:
             return
         self.log_dir = run_directory(trainer)  # a broadcast: read here, where every rank takes part
@@ -100,6 +102,8 @@ class RunRecord(SaveConfigCallback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self.take_back(trainer)
+        if trainer.world_size == 1:  # a job's processes stop it themselves (training/strategy.py)
+            storage_failure.explain_alone(exception, trainer)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.take_back(trainer)  # a rerun of a finished run ends here without training, and without an exception

@@ -79,11 +79,39 @@ def full_disk(run: str, error: BaseException, tail: str) -> str:
     )
 
 
+# With one process no strategy stops a job: the paragraph travels with the exception to cli.py, which prints it.
+EXPLAINED = "the template's paragraph: "
+
+
+def explain_alone(error: BaseException, trainer: Trainer) -> None:
+    """Add the paragraph for ``error`` to it where the run's directory was deleted or its disk filled, in a run of
+    one process (training/run/record.py); training/config/checks.py finds it there."""
+    run, cause = run_of(trainer), os_error(error)
+    reached = f"This run had reached epoch {trainer.current_epoch}, step {trainer.global_step}."
+    command = why_stopped.launch_command()
+    if is_deleted(cause, run):
+        error.add_note(EXPLAINED + deleted(run, cause, reached, command))
+    elif is_full_disk(cause) and run is not None:
+        tail = why_stopped.tail(None, (trainer.current_epoch, trainer.global_step), None, command)
+        error.add_note(EXPLAINED + full_disk(run, cause, tail))
+
+
+def explained(error: BaseException | None) -> str | None:
+    """The paragraph ``explain_alone`` added to ``error``, or to the error it came in the handling of (Lightning's
+    teardown writes to the same directory again, and fails again), if any."""
+    for _ in range(5):
+        notes = getattr(error, "__notes__", [])
+        if found := next((note.removeprefix(EXPLAINED) for note in notes if note.startswith(EXPLAINED)), None):
+            return found
+        error = error.__context__ if error is not None else None
+    return None
+
+
 def quiet_writer_threads() -> None:
     """Keep TensorBoard's writer thread from printing a traceback when its write fails: it keeps the error, which its
     next write in the main thread raises, and the job stops there with one paragraph."""
     shown_by_python = threading.excepthook
-    if getattr(shown_by_python, "quiets_writer_threads", False):  # every strategy of a process installs it
+    if getattr(shown_by_python, "quiets_writer_threads", False):  # every run of a process installs it
         return
 
     def hook(args: threading.ExceptHookArgs) -> None:
