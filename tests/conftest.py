@@ -31,7 +31,6 @@ def pytest_configure(config):
 # (--no-loadscope-reorder: its own order, most tests first, started these few-test files last, and the run ended
 # with one of them alone on the machine).
 LONGEST_FIRST = (
-    "test_everyday_stops.py",
     "test_launcher_checks.py",
     "test_liveness.py",
     "test_cli.py",
@@ -48,9 +47,6 @@ LONGEST_FIRST = (
     "test_k8s.py",
     "test_startup.py",
     "test_step_time.py",
-    "test_run_storage.py",
-    "test_without_iproute2.py",
-    "test_finite_loss.py",
 )
 
 
