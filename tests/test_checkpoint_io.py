@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from benchmarks import checkpoint_save
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, free_port, launch, run_script
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, free_port, launch, run_script, tmpfs
 from training.checkpoints.atomic_io import AtomicCheckpointIO, CheckpointSpaceError
 from training.config.trainer_settings import combination_problem
 
@@ -170,15 +170,8 @@ def pickled(checkpoint: dict) -> bytes:
 @pytest.fixture
 def small_disk(tmp_path):
     """A 300 KB file system of its own (tmpfs): room for three of the toy model's checkpoints."""
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "300k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.distributed

@@ -53,6 +53,17 @@ RUN = [
 INTERRUPT_STEP, HANGUP_STEP = 10, STEPS_PER_EPOCH + 10
 
 
+def signalled_at(workdir: Path, hold: Path, step: int, signum: int, *args: str) -> dict:
+    """What a job of ``args`` left once its process group was sent ``signum`` while its 2 ranks held at ``step``."""
+    hold.touch()
+    job = start(workdir, *args, *held_at(hold, step))
+    wait_for_hold(hold, 2, job)
+    os.killpg(job.pid, signum)
+    result = ended(workdir, job)
+    hold.unlink(missing_ok=True)
+    return result
+
+
 def held_at(hold: Path, step: int, release_on_signal: bool = True) -> list[str]:
     return [
         "--trainer.callbacks+=tests.helpers.probe.HoldAtStep",
@@ -128,13 +139,7 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def interrupted(workdir):
     """Ctrl-C while the ranks hold at INTERRUPT_STEP."""
-    hold = workdir / "interrupt.hold"
-    hold.touch()
-    job = start(workdir, *RUN, *held_at(hold, INTERRUPT_STEP))
-    wait_for_hold(hold, 2, job)
-    os.killpg(job.pid, signal.SIGINT)
-    result = ended(workdir, job)
-    hold.unlink(missing_ok=True)
+    result = signalled_at(workdir, workdir / "interrupt.hold", INTERRUPT_STEP, signal.SIGINT, *RUN)
     return result | {"checkpoint": saved(result)}
 
 

@@ -1,14 +1,10 @@
 """The disk of a node's log (scripts/run_ddp_train.sh appends to logs/nodes/node<N>.log) full: at the start, the
 launcher refuses to launch, naming it; while training runs, it says so once and training goes on to its end."""
 
-import contextlib
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.helpers import copy_project, free_port, launch, wait_for_hold
+from tests.helpers import copy_project, fill, free_port, launch, tmpfs, wait_for_hold
 from tests.test_everyday_stops import held_at
 
 pytestmark = pytest.mark.distributed
@@ -17,21 +13,8 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MB file system of its own (tmpfs) for the node's log."""
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "1m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
-
-
-def fill(disk: Path) -> None:
-    with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
-        while True:
-            filler.write(b"x" * 4096)
 
 
 def test_a_full_disk_for_the_node_log_at_the_start_launches_nothing_and_says_why(tmp_path, small_disk):

@@ -1,16 +1,13 @@
 """The run's directory failing under a running job (2 CPU processes): deleted while it trains, or on a disk that fills
 up while TensorBoard writes there. One paragraph on every node, exit 1, no traceback."""
 
-import contextlib
 import re
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import copy_project, free_port, launch, wait_for_hold
+from tests.helpers import copy_project, fill, free_port, launch, tmpfs, wait_for_hold
 from tests.helpers.one_node import last_paragraph, start, traces
 from tests.test_everyday_stops import ended, held_at
 
@@ -68,20 +65,8 @@ def test_the_same_command_then_says_it_trains_from_the_first_step(deleted, start
 @pytest.fixture(scope="module")
 def small_disk(tmp_path_factory):
     """A 2 MB file system of its own (tmpfs) for the run's directory."""
-    disk = tmp_path_factory.mktemp("small")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path_factory.mktemp("disks") / "small", "2m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
-
-
-def fill(disk: Path) -> None:
-    with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
-        while True:
-            filler.write(b"x" * 4096)
 
 
 def test_a_disk_that_fills_while_tensorboard_writes_stops_both_nodes_each_naming_it(tmp_path, small_disk):

@@ -3,15 +3,13 @@ through its second epoch on 2 CPU processes, and resumed by the same command: it
 run ends at, and says in one line that the epoch starts again. Plain Lightning 2.6.6 says nothing and trains the
 batches done before the stop once more on top."""
 
-import os
 import signal
 
 import pytest
 import torch
 
-from tests.helpers import wait_for_hold
 from tests.helpers.one_node import start, traces
-from tests.test_everyday_stops import PACE, ended, held_at, stop_line
+from tests.test_everyday_stops import PACE, ended, signalled_at, stop_line
 
 pytestmark = pytest.mark.distributed
 
@@ -34,13 +32,7 @@ def last_checkpoint(workdir) -> dict:
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("unsized")
-    hold = workdir / "hold"
-    hold.touch()
-    job = start(workdir, *RUN, *held_at(hold, STOP_STEP))
-    wait_for_hold(hold, 2, job)
-    os.killpg(job.pid, signal.SIGTERM)
-    result = ended(workdir, job)
-    hold.unlink(missing_ok=True)
+    result = signalled_at(workdir, workdir / "hold", STOP_STEP, signal.SIGTERM, *RUN)
     return result | {"workdir": workdir, "checkpoint": last_checkpoint(workdir)}
 
 

@@ -1,6 +1,7 @@
 """Helpers for tests that run the project's entry points as real jobs: the CLI, the launcher as the nodes of a
 cluster, and what their ranks recorded."""
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,24 @@ def stopped_in_the_run(run_cli, capsys, *args: str) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return err.strip().splitlines()[-1]
+
+
+@contextlib.contextmanager
+def tmpfs(disk: Path, size: str) -> Iterator[Path]:
+    """A file system of ``size`` (tmpfs, e.g. "300k") mounted on the new directory ``disk``, unmounted after; the test
+    is skipped where mounting needs a root this user is not."""
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def fill(disk: Path) -> None:
+    """Write into ``disk`` until it is full."""
+    with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+        while True:
+            filler.write(b"x" * 4096)
