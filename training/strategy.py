@@ -23,7 +23,6 @@ from torch.distributed.constants import default_pg_timeout
 
 from training.checkpoints.agreement import loads_problem, model_mismatch
 from training.checkpoints.save_agreement import SaveAgreement
-from training.heartbeat import why_stopped
 from training.heartbeat.liveness import Liveness
 from training.heartbeat.stall import Activity
 from training.job import node_processes
@@ -132,11 +131,7 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         # SIGTERM's stop and Ctrl-C are no errors; a StartupError is already the whole job's verdict.
         if self.liveness is None or not isinstance(exception, Exception) or isinstance(exception, StartupError):
             return
-        if why_stopped.is_collective_failure(exception) and (paragraph := self.liveness.failed(exception)):
-            self.liveness.stop_job(paragraph)
-        if paragraph := self.liveness.own_failure(exception, self.running):
-            self.liveness.stop_job(paragraph, only_here=True)
-        self.liveness.errored(exception)
+        self.liveness.errored(exception, self.running)
 
     def configure_ddp(self) -> None:
         super().configure_ddp()

@@ -120,8 +120,14 @@ class Liveness(Verdicts):
         self.checkpoint = {"path": path, "epoch": epoch, "step": step}
         self._publish()
 
-    def errored(self, error: BaseException) -> None:
-        """This process stops with its own error: the others name it instead of waiting for its silence."""
+    def errored(self, error: BaseException, trainer: Any = None) -> None:
+        """This process stops with its own ``error`` (in ``trainer``'s run): with the whole job, under the paragraph
+        that explains it where one does (a failed collective, the run's directory gone, memory that ran out); else
+        the others name it instead of waiting for its silence."""
+        if why_stopped.is_collective_failure(error) and (paragraph := self.failed(error)):
+            self.stop_job(paragraph)
+        if paragraph := self.own_failure(error, trainer):
+            self.stop_job(paragraph, only_here=True)
         # The launcher keeps each node's output in a log file (scripts/run_ddp_train.sh): the others name it.
         self.state = {"state": "failed", "error": why_stopped.one_line(error), "log": os.environ.get("DDP_NODE_LOG")}
         self._publish()

@@ -53,16 +53,13 @@ class Verdicts:
         """The paragraph for this process's own ``error`` in ``trainer``'s run where it is no bug: the run's directory
         deleted or on a full disk, an allocation that did not fit in memory; else None (``trainer``: None before one
         runs)."""
+        progress = self.progress()
+        reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
         run = storage_failure.run_of(trainer)
         stage = trainer.state.stage.value if trainer is not None and trainer.state.stage is not None else None
-        cause = storage_failure.os_error(error)
-        if storage_failure.is_deleted(cause, run):
-            progress = self.progress()
-            reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
-            return storage_failure.deleted(run, cause, reached, self.describe["command"])
-        if storage_failure.is_full_disk(cause) and run is not None:
-            return storage_failure.full_disk(run, cause, self._tail(None))
-        return out_of_memory(error, why_stopped.who(self.me), stage)
+        return storage_failure.failed_run(
+            error, run, reached, self.describe["command"], self._tail(None)
+        ) or out_of_memory(error, why_stopped.who(self.me), stage)
 
     def _told(self, failed_at: float, grace: float) -> bool:
         """Whether the heartbeats since a collective failed at ``failed_at`` have said all they will: ``grace`` and

@@ -83,17 +83,25 @@ def full_disk(run: str, error: BaseException, tail: str) -> str:
 EXPLAINED = "the template's paragraph: "
 
 
+def failed_run(error: BaseException, run: str | None, reached: str, command: str, tail: str) -> str | None:
+    """The paragraph for ``error`` where the run's directory ``run`` was deleted or its disk filled, else None.
+    ``reached``: where the process had got to, a sentence; ``tail``: where the job had got to and how to resume."""
+    cause = os_error(error)
+    if is_deleted(cause, run):
+        return deleted(run, cause, reached, command)
+    if is_full_disk(cause) and run is not None:
+        return full_disk(run, cause, tail)
+    return None
+
+
 def explain_alone(error: BaseException, trainer: Trainer) -> None:
     """Add the paragraph for ``error`` to it where the run's directory was deleted or its disk filled, in a run of
     one process (training/run/record.py); training/config/checks.py finds it there."""
-    run, cause = run_of(trainer), os_error(error)
-    reached = f"This run had reached epoch {trainer.current_epoch}, step {trainer.global_step}."
-    command = why_stopped.launch_command()
-    if is_deleted(cause, run):
-        error.add_note(EXPLAINED + deleted(run, cause, reached, command))
-    elif is_full_disk(cause) and run is not None:
-        tail = why_stopped.tail(None, (trainer.current_epoch, trainer.global_step), None, command)
-        error.add_note(EXPLAINED + full_disk(run, cause, tail))
+    progress, command = (trainer.current_epoch, trainer.global_step), why_stopped.launch_command()
+    reached = f"This run had reached epoch {progress[0]}, step {progress[1]}."
+    tail = why_stopped.tail(None, progress, None, command)
+    if paragraph := failed_run(error, run_of(trainer), reached, command, tail):
+        error.add_note(EXPLAINED + paragraph)
 
 
 def explained(error: BaseException | None) -> str | None:
