@@ -67,7 +67,7 @@ def test_the_dry_run_installs_only_what_this_python_lacks_and_names_every_step(m
     assert tier == f"would run (GPU tier): {sys.executable} -m pytest -m gpu -n 0 -rA -p no:cacheprovider"
     assert main.startswith("would run (main command): RUN_ID=gpu-tier-")
     assert main.endswith(f"LOG_DIR={tmp_path / 'out' / 'nodes'} ./scripts/run_ddp_train.sh 0 0")
-    assert bench.endswith(f"-m benchmarks.bench --quick --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
+    assert bench.endswith(f"-m benchmarks.bench --short --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
     assert not (tmp_path / "out").exists(), "the dry run wrote something"
 
 
