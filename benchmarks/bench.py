@@ -139,6 +139,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds is not None and args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.short and not args.quick and args.rounds is not None and args.rounds < short.ROUNDS:
+        parser.error(
+            f"--rounds {args.rounds} with --short: the short mode runs at least {short.ROUNDS} rounds, for a spread to "
+            f"judge its goals by; leave --rounds out, or give {short.ROUNDS} or more (--quick checks the plumbing in 1)"
+        )
     if problem := device_problem(args.accelerator, 1):
         parser.error(problem)
     if args.side_timeout <= 0:

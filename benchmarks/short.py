@@ -18,13 +18,13 @@ The arithmetic of the budget (``planned_seconds``), one H100, one process a row:
               = 225 s
     steps     toy: 25 runs x 211 steps x 2 ms = 11 s; seq2seq: 25 runs x 71 steps x 10 ms = 18 s
     the rest  the benchmark's own start and the data path, on the CPU: 5 s
-    total     258 s, 42 s under the budget of 300 s
+    total     258 s, 42 s under the budget of 300 s: it holds while a launch takes at most 5.3 s on average
 
 Every figure of that arithmetic is an estimate, LAUNCH_S above all (on the 2-core CPU VM of docs/performance.md a
 launch to exit takes 6.5 to 8 s with both cores busy; the first GPU run, one round on an H200, saw 11.1 s from the
 template's launch to its first step, the machine's first start of torch). So the mode measures itself: it prints
 the median launch-to-exit seconds of each side, its own elapsed time, and a warning when that is over the budget.
-The budget follows ``--rounds``: 60 s a round.
+The budget follows ``--rounds``: 60 s a round; fewer than 5 rounds are refused, but with --quick (the plumbing).
 """
 
 import argparse

@@ -46,6 +46,9 @@ def test_on_one_h100_the_plan_is_50_runs_within_the_budget_its_docstring_works_o
     # Every side on both rows, the side without logging included: 2 x 5 x 5.
     assert runs == 50 and seconds <= short.BUDGET_S
     assert f"total     {seconds:.0f} s, {short.BUDGET_S - seconds:.0f} s under the budget of 300 s" in short.__doc__
+    launches_s = seconds - short.REST_S - runs * short.LAUNCH_S  # the steps' share
+    allowance = (short.BUDGET_S - short.REST_S - launches_s) / runs
+    assert f"it holds while a launch takes at most {allowance:.1f} s on average" in short.__doc__
     # The toy model's timed steps end before its epoch does on 2 GPUs, where an epoch's end would save a checkpoint.
     sizes = dict(o.removeprefix("--data.init_args.").split("=") for o in WORKLOADS["toy"].overrides)
     assert args.warmup + args.steps["toy"] + 1 < int(sizes["num_train"]) // int(sizes["batch_size"]) // 2
@@ -139,6 +142,22 @@ def test_the_short_mode_prints_its_plan_every_ratio_with_its_spread_and_its_time
     )
     assert re.fullmatch(r"short mode: took \d+ s from start to end, within its budget of 300 s", lines[-3])
     assert lines[-2:] == ["worst template/Lightning step-time ratio: 1.04", "worst template/raw step-time ratio: 2.08"]
+
+
+@pytest.mark.parametrize("rounds", ["1", "4"])
+def test_the_short_mode_refuses_fewer_than_5_rounds_but_for_the_plumbing(rounds, monkeypatch, capsys, tmp_path):
+    from benchmarks import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "--short", "--rounds", rounds, "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    assert (
+        f"error: --rounds {rounds} with --short: the short mode runs at least 5 rounds, for a spread to judge its "
+        "goals by; leave --rounds out, or give 5 or more (--quick checks the plumbing in 1)"
+    ) in capsys.readouterr().err
+    assert sized(short=True, quick=True, rounds=1).rounds == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_short_mode_over_its_budget_says_so_in_a_warning(monkeypatch):
