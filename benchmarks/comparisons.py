@@ -35,58 +35,76 @@ def paired(numerator: list[float], denominator: list[float]) -> dict:
     return {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)}
 
 
-def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dict, list[float]]:
-    """One row per workload and process count; what logging costs; and the seconds from launch to the first
-    step of the template runs of the row logging is measured on."""
-    rows, logging, first_steps = [], {}, []
-    # Logging is measured on the toy model's row with the most processes: a fourth side there, the template
-    # without logger or progress bar.
-    logged_row = ("toy", max(args.processes["toy"]))
+def logged_row(args: argparse.Namespace) -> tuple[str, int]:
+    """The row logging and start-up are measured on: the toy model's with the most processes."""
+    return "toy", max(args.processes["toy"])
+
+
+def row_sides(args: argparse.Namespace, workload: str, processes: int) -> dict:
+    """The sides of one row, by name: how to run each once. Every row measures what the step-time measurement
+    costs (the template without training.StepTime); the logged row, and every row of the short mode, the template
+    without logger and progress bar too, which is what plain Lightning runs without."""
     sides = {
         "template": template_run,
         "lightning": partial(module_run, "benchmarks.lightning_only"),
         "raw": partial(module_run, "benchmarks.raw_ddp"),
+        "untimed": untimed_run,
     }
+    if args.short or (workload, processes) == logged_row(args):
+        sides["quiet"] = quiet_run
+    return sides
+
+
+def compare_steps(args: argparse.Namespace, work: Path) -> tuple[list[dict], dict, list[float]]:
+    """One row per workload and process count; what logging costs; and the seconds from launch to the first
+    step of the template runs of the logged row."""
+    rows, logging, first_steps = [], {}, []
     for workload in args.processes:
         steps = args.warmup + args.steps[workload] + 1
         for processes in args.processes[workload]:
-            logged = (workload, processes) == logged_row
-            # Every row measures what the step-time measurement costs: the template without training.StepTime.
-            row_sides = {**sides, "untimed": untimed_run, **({"quiet": quiet_run} if logged else {})}
-            medians: dict[str, list[float]] = {side: [] for side in row_sides}
+            sides = row_sides(args, workload, processes)
+            medians: dict[str, list[float]] = {side: [] for side in sides}
+            run_s: dict[str, list[float]] = {side: [] for side in sides}
             difference = 0.0
             for round_ in range(args.rounds):
                 # The sides take turns to go first, so a slow spell at the start of a round hits each in turn.
-                turn = round_ % len(row_sides)
-                order = list(row_sides)[turn:] + list(row_sides)[:turn]
+                turn = round_ % len(sides)
+                order = list(sides)[turn:] + list(sides)[:turn]
                 records = {}
                 for side in order:
                     name = f"{side}-{workload}-{processes}-{round_}"
-                    run_side = row_sides[side]
-                    records[side] = run_side(
+                    launched = time.monotonic()
+                    records[side] = sides[side](
                         workload, processes, steps, args.quick, args.accelerator, work, name, bound=args.side_timeout
                     )
+                    run_s[side].append(time.monotonic() - launched)
                     medians[side].append(median_step(records[side], args.warmup))
                 for side in ("template", "lightning"):
                     difference = max(difference, max_weight_difference(records[side], records["raw"]))
-                if logged:
+                if (workload, processes) == logged_row(args):
                     timing = json.loads(records["template"].read_text())
                     first_steps.append(timing["first_step_wall"] - timing["launched"])
+                print(f"  {workload}, {processes} process(es): round {round_ + 1}/{args.rounds} done", flush=True)
             rows.append(
                 {
                     "workload": workload,
                     "processes": processes,
                     **{f"{side}_step_ms": 1e3 * statistics.median(medians[side]) for side in sides},
                     "rounds_step_ms": {side: [1e3 * m for m in medians[side]] for side in sides},
+                    "run_s": {side: statistics.median(seconds) for side, seconds in run_s.items()},
                     "ratio": paired(medians["template"], medians["raw"]),
                     "lightning_over_raw": paired(medians["lightning"], medians["raw"]),
                     "template_over_lightning": paired(medians["template"], medians["lightning"]),
+                    **(
+                        {"quiet_over_lightning": paired(medians["quiet"], medians["lightning"])}
+                        if "quiet" in sides
+                        else {}
+                    ),
                     "max_weight_difference": difference,
-                    "untimed_step_ms": 1e3 * statistics.median(medians["untimed"]),
                     "step_time_cost": {k: v - 1 for k, v in paired(medians["template"], medians["untimed"]).items()},
                 }
             )
-            if logged:
+            if (workload, processes) == logged_row(args):
                 cost = paired(medians["template"], medians["quiet"])
                 logging = {
                     "processes": processes,

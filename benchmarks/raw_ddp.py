@@ -7,9 +7,10 @@ The model and the data module come from the workload's configs through the CLI's
 same classes, sizes and optimizer), without Lightning's Trainer: DistributedDataParallel over gloo, a
 DistributedSampler with the seed Lightning gives its own, ``cores / processes`` threads as Lightning sets
 them, and the DataLoader settings (workers, pinned memory) the data module picks for the device. With
-``--accelerator gpu``, NCCL and one GPU per process, each batch copied to it as Lightning copies one. Rank 0
-writes when each step started and, beside the JSON file, the trained weights, as benchmarks/timing.py does
-for a template run.
+``--accelerator gpu``, NCCL and one GPU per process, each batch copied to it as Lightning copies one. One
+process trains in the command's own process, as Lightning trains one device. Every rank marks the start of each
+step with benchmarks/timing.py's StepMarks (a CUDA event on a GPU: no wait within the steps); rank 0 writes them
+and, beside the JSON file, the trained weights, as a template run does.
 """
 
 import argparse
@@ -27,7 +28,7 @@ from lightning.fabric.plugins.environments.lightning import find_free_network_po
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from benchmarks.timing import clock, write_record
+from benchmarks.timing import StepMarks, write_record
 from benchmarks.workloads import SEED, WORKLOADS, build, run_arguments
 from data.length_sampler import LengthGroupedBatchSampler
 
@@ -95,23 +96,22 @@ def timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, s
     first. The wrapper lives in here only: it is freed on return, before the process group (release_group)."""
     on_gpu = device.type == "cuda"
     ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
-    starts = []
+    marks = StepMarks(device)
     first_step_wall = 0.0
     epoch = 0
-    while len(starts) < steps:
+    while len(marks) < steps:
         sampler.set_epoch(epoch)  # as Lightning does at each epoch start
-        for batch in itertools.islice(loader, steps - len(starts)):
-            now = clock(device)
-            if not starts:
+        for batch in itertools.islice(loader, steps - len(marks)):
+            if not marks:
                 first_step_wall = time.time()
-            starts.append(now)
+            marks.mark()
             optimizer.zero_grad(set_to_none=True)
             loss_of(ddp, to_device(batch, device)).backward()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
         epoch += 1
-    return starts, first_step_wall
+    return marks.seconds(), first_step_wall
 
 
 def release_group() -> None:
@@ -161,6 +161,11 @@ def train(rank: int, args: argparse.Namespace) -> None:
 def main() -> None:
     args = run_arguments(__doc__)
     args.port = find_free_network_port()
+    if args.processes == 1:
+        # This process trains: a spawned one would import torch again, seconds of every run of the benchmark's
+        # short mode on one GPU (benchmarks/short.py).
+        train(0, args)
+        return
     # Forked, the processes start with everything imported: start-up is not what this script times. On GPUs they
     # start afresh: counting the GPUs may have initialised CUDA, which a forked process cannot use.
     start_method = "spawn" if args.accelerator == "gpu" else "fork"

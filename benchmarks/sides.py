@@ -87,9 +87,9 @@ def template_run(
 def quiet_run(
     workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, name: str, *, bound: float
 ) -> Path:
-    """The template without its logger and progress bar."""
-    # refresh_rate applies to the last callback so far: the progress bar of configs/ddp.yaml.
-    no_logging = ("--trainer.logger=false", "--trainer.callbacks.refresh_rate=0")
+    """The template without its logger and progress bar, as plain Lightning runs (benchmarks/lightning_only.py)."""
+    # Without any bar: with the template's turned off, Lightning would put its own in its place.
+    no_logging = ("--trainer.logger=false", "--turn_off=[ProgressBar]", "--trainer.enable_progress_bar=false")
     return template_run(workload, processes, steps, quick, accelerator, work, name, *no_logging, bound=bound)
 
 

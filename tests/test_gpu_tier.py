@@ -67,7 +67,7 @@ def test_the_dry_run_installs_only_what_this_python_lacks_and_names_every_step(m
     assert tier == f"would run (GPU tier): {sys.executable} -m pytest -m gpu -n 0 -rA -p no:cacheprovider"
     assert main.startswith("would run (main command): RUN_ID=gpu-tier-")
     assert main.endswith(f"LOG_DIR={tmp_path / 'out' / 'nodes'} ./scripts/run_ddp_train.sh 0 0")
-    assert bench.endswith(f"-m benchmarks.bench --quick --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
+    assert bench.endswith(f"-m benchmarks.bench --short --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
     assert not (tmp_path / "out").exists(), "the dry run wrote something"
 
 
@@ -96,3 +96,19 @@ def test_without_a_gpu_it_stops_before_installing_anything(monkeypatch, capsys, 
 )
 def test_the_summary_counts_what_pytest_counted(output, counts):
     assert gpu_tier.test_counts(output) == counts
+
+
+def test_the_summary_keeps_the_benchmarks_goal_ratios_headlines_and_warning_over_budget():
+    output = (
+        "short mode: 50 runs in 5 rounds, about 258 s on one H100 by the estimate of benchmarks/short.py; "
+        "budget 300 s\n"
+        "  template/Lightning: toy 1p 1.012 (0.994-1.031), seq2seq 1p 1.004 (0.990-1.020)\n"
+        "  Lightning/raw: toy 1p 1.312 (1.290-1.330), seq2seq 1p 1.104 (1.090-1.120)\n"
+        "step-time measurement (training.StepTime), cost per row: toy 1p +0.5% (-0.2% to +1.1%), seq2seq 1p +0.1% "
+        "(-0.3% to +0.4%)\n"
+        "warning: the short mode took 341 s from start to end, over its budget of 300 s (5 minutes on one H100 for 5 "
+        "rounds); the runs line above says which sides' launches took the time\n"
+        "worst template/Lightning step-time ratio: 1.01\nworst template/raw step-time ratio: 1.40\n"
+    )
+    lines = output.splitlines()
+    assert gpu_tier.bench_headlines(output) == [lines[1].strip(), *lines[3:]]
