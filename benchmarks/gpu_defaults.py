@@ -12,10 +12,12 @@ same model, data, seed and number of steps) in one process under a plain Lightni
 - ``+bf16``, ``+tf32``, ``+fused``, ``+workers``, ``+pinned``: plain with that one setting as the configs have it.
 
 Runs alternate as in benchmarks/bench.py (the sides take turns to go first). A side's step time is the mean over
-its steps after warm-up, epoch ends included, where workers that are not kept start again; the figure is the median
-over the rounds, a speedup the median of each round's plain/side ratio, with the lowest and highest round. Each line
-also gives the exact match the side reached on the held-out sources (median over the rounds) and the settings it
-had in effect, read from its trainer, optimizer and loader. The last line::
+its steps after warm-up: the span from the first to the end of training, read once the GPU has finished, over the
+steps, so the process runs ahead of the GPU in between as training does, and epoch ends count (where workers not
+kept start again). The figure is the median over the rounds, a speedup the median of each round's plain/side
+ratio, with the lowest and highest round. Each line also gives the exact match the side reached on the held-out
+sources (median over the rounds) and the settings it had in effect, read from its trainer, optimizer and loader.
+The last line::
 
     gpu defaults against Lightning's defaults: X.XXx step time (rounds X.XX-X.XX), exact match X.XXX against X.XXX
 
@@ -63,10 +65,9 @@ def side_flags() -> dict[str, tuple[str, ...]]:
     return sides
 
 
-def mean_step(record: dict, warmup: int) -> float:
-    """Seconds per step after ``warmup`` steps, from the first timed step's start to the end of training."""
-    starts = record["starts"][warmup:]
-    return (starts[-1] - starts[0]) / (len(starts) - 1)
+def mean_step(record: dict) -> float:
+    """Seconds per step after warm-up, from the first timed step's start to the end of training."""
+    return record["seconds"] / record["timed_steps"]
 
 
 def describe(settings: dict) -> str:
@@ -90,7 +91,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
             out = work / f"{name}.json"
             command = [
                 *(sys.executable, "-m", "benchmarks.gpu_defaults_side", "--out", str(out)),
-                *("--accelerator", args.accelerator, "--steps", str(args.steps), "--data-dir", str(work / "cache")),
+                *("--accelerator", args.accelerator, "--steps", str(args.steps), "--warmup", str(args.warmup)),
+                *("--data-dir", str(work / "cache")),
                 *(("--quick",) if args.quick else ()),
                 "--",
                 *sides[side],
@@ -101,8 +103,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     return records
 
 
-def summarise(records: dict[str, list[dict]], warmup: int) -> dict[str, dict]:
-    steps = {side: [mean_step(record, warmup) for record in runs] for side, runs in records.items()}
+def summarise(records: dict[str, list[dict]]) -> dict[str, dict]:
+    steps = {side: [mean_step(record) for record in runs] for side, runs in records.items()}
     return {
         side: {
             "step_ms": 1e3 * statistics.median(steps[side]),
@@ -141,7 +143,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="a small model for a few steps, one round: the plumbing")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every side (default 5, quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 1300, quick 6)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default 1300, quick 4)")
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="cpu", help="gpu: one CUDA GPU")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="where gpu_defaults.json goes")
     parser.add_argument("--side-timeout", type=float, default=900, help="seconds one run of a side may take")
@@ -149,16 +151,16 @@ def main() -> None:
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     # About two epochs of the example's 39,000 training pairs at batch 64, so that workers kept or started again
     # at an epoch's end show; quick: enough steps to time a few after warm-up.
-    args.steps = args.steps if args.steps is not None else (6 if args.quick else 1300)
-    warmup = 2 if args.quick else 50
-    for flag, value, least in (("--rounds", args.rounds, 1), ("--steps", args.steps, warmup + 2)):
+    args.steps = args.steps if args.steps is not None else (4 if args.quick else 1300)
+    args.warmup = 1 if args.quick else 50
+    for flag, value, least in (("--rounds", args.rounds, 1), ("--steps", args.steps, args.warmup + 1)):
         if value < least:
             parser.error(f"{flag} must be at least {least}, got {value}")
     if problem := device_problem(args.accelerator, 1):
         parser.error(problem)
     heading = (
         f"seq2seq, 1 process, {args.accelerator}: {device_name(args.accelerator)}, torch {torch.__version__}; "
-        f"{args.steps} steps ({warmup} warm-up), {args.rounds} round{'s' * (args.rounds > 1)}"
+        f"{args.steps} steps ({args.warmup} warm-up), {args.rounds} round{'s' * (args.rounds > 1)}"
     )
     print(heading, flush=True)
     with tempfile.TemporaryDirectory() as directory:
@@ -167,7 +169,7 @@ def main() -> None:
         except SideFailed as failure:
             print(failure.output[-3000:], file=sys.stderr)
             sys.exit(f"error: {failure}")
-    results = {"heading": heading, "quick": args.quick, "sides": summarise(records, warmup)}
+    results = {"heading": heading, "quick": args.quick, "sides": summarise(records)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_defaults.json").write_text(json.dumps(results, indent=2))

@@ -129,6 +129,21 @@ def test_each_side_of_the_benchmark_differs_from_plain_in_one_choice_alone():
         assert plain - set(sides[f"+{name}"]) == set(flags), name
 
 
+def test_a_side_times_the_span_of_its_steps_after_warm_up():
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_defaults_side import SpanTimer
+
+    timer, module = SpanTimer(warmup=2), SimpleNamespace(device=torch.device("cpu"))
+    starts = []
+    for batch_idx in range(5):
+        timer.on_train_batch_start(None, module, None, batch_idx)
+        starts.append(timer.start)
+    timer.on_train_end(None, module)
+    assert starts[1] == 0.0 < starts[2] == starts[4]  # the clock read at the third step, the first after warm-up
+    assert timer.batches - timer.warmup == 3 and timer.end > timer.start
+
+
 def test_the_benchmark_on_gpus_stops_without_one_naming_the_flag(monkeypatch, capsys):
     from benchmarks import gpu_defaults
 
@@ -145,7 +160,8 @@ def test_the_quick_benchmark_prints_every_side_with_the_settings_it_had_and_the_
     command = [sys.executable, "-m", "benchmarks.gpu_defaults", "--quick", "--out", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.strip()}
+    # The rows: each side's name right-aligned in the first 14 characters.
+    lines = {line[:14].strip(): line for line in result.stdout.splitlines()}
     expected = {
         "plain": "32-true, matmul highest, unfused AdamW, 0 workers, pageable",
         "+bf16": "bf16-mixed, matmul highest, unfused AdamW",
@@ -157,7 +173,7 @@ def test_the_quick_benchmark_prints_every_side_with_the_settings_it_had_and_the_
     }
     for side, settings in expected.items():
         assert settings in lines[side], lines.get(side)
-    assert "bf16-mixed, matmul high, fused AdamW" in lines["gpu"]
+    assert "bf16-mixed, matmul high, fused AdamW" in lines["gpu defaults"]
     assert result.stdout.splitlines()[-2].startswith("gpu defaults against Lightning's defaults: ")
     results = json.loads((tmp_path / "gpu_defaults.json").read_text())
     assert set(results["sides"]) == {"plain", "gpu defaults", "+bf16", "+tf32", "+fused", "+workers", "+pinned"}
