@@ -162,7 +162,7 @@ def main() -> None:
         f"seq2seq, 1 process, {args.accelerator}: {device_name(args.accelerator)}, torch {torch.__version__}; "
         f"{args.steps} steps ({args.warmup} warm-up), {args.rounds} round{'s' * (args.rounds > 1)}"
     )
-    print(heading, flush=True)
+    print(f"{len(side_flags())} sides, {args.rounds} round(s) of {args.steps} steps each:", flush=True)
     with tempfile.TemporaryDirectory() as directory:
         try:
             records = measure(args, Path(directory))

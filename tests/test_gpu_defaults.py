@@ -116,6 +116,7 @@ def test_the_gpus_a_run_takes_are_the_ones_checked(monkeypatch, one_old_gpu):
     assert bf16_problem({"trainer": {"precision": "bf16-mixed", "devices": [1]}}) is None
     assert bf16_problem({"trainer": {"precision": "bf16-mixed", "devices": "1,"}}) is None
     assert "GPU 0 of this node" in bf16_problem({"trainer": {"precision": "bf16-mixed", "devices": "auto"}})
+    assert bf16_problem({"trainer": {"precision": "bf16-mixed", "devices": [5]}}) is None  # Lightning names it
 
 
 def test_each_side_of_the_benchmark_differs_from_plain_in_one_choice_alone():

@@ -13,13 +13,12 @@ NATIVE_BF16 = 8  # the first compute capability (major) with bfloat16 tensor cor
 
 def used_gpus(devices: Any) -> list[int]:
     """The ids of the GPUs that ``trainer.devices`` (as Lightning reads it: a count, -1 or auto for all, or ids
-    such as [0, 1] or "0,1") takes on this node, among the visible ones."""
+    such as [0, 1] or "0,1") takes on this node, among the visible ones (Lightning names an id beyond them)."""
     visible = torch.cuda.device_count()
-    if isinstance(devices, list):
-        return sorted({int(i) for i in devices})
     text = "".join(str(devices).split())
-    if "," in text:
-        return sorted({int(i) for i in text.rstrip(",").split(",")})
+    if isinstance(devices, list) or "," in text:
+        ids = devices if isinstance(devices, list) else text.rstrip(",").split(",")
+        return sorted({int(i) for i in ids if int(i) < visible})
     if text in ("auto", "-1"):
         return list(range(visible))
     return list(range(min(int(text), visible)))
