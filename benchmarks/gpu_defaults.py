@@ -1,6 +1,7 @@
 """The seq2seq example's GPU settings against Lightning's defaults, and each setting alone: what each is worth.
 
     python -m benchmarks.gpu_defaults [--quick] [--rounds N] [--steps N] [--accelerator gpu] [--out DIR]
+        [--side-timeout S]
 
 Every side trains the seq2seq example of configs/ddp.yaml, configs/seq2seq.yaml and configs/seq2seq_gpu.yaml (the
 same model, data, seed and number of steps) in one process under a plain Lightning Trainer, then validates once

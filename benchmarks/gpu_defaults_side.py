@@ -78,7 +78,7 @@ def plain_trainer(accelerator: str, precision: str, **kwargs) -> Trainer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="JSON record; the weights go beside it")
+    parser.add_argument("--out", required=True, help="the JSON record it writes")
     parser.add_argument("--quick", action="store_true", help="the small sizes of benchmarks/bench.py --quick")
     parser.add_argument("--accelerator", choices=ACCELERATORS, default="cpu")
     parser.add_argument("--steps", type=int, required=True, help="training steps")

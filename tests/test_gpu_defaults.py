@@ -11,7 +11,8 @@ import torch
 import yaml
 from lightning.pytorch.accelerators import CUDAAccelerator
 
-from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
+from benchmarks.gpu_defaults import describe
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, needs_gpus
 from training.config.gpu_support import bf16_problem
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")
@@ -156,27 +157,50 @@ def test_the_benchmark_on_gpus_stops_without_one_naming_the_flag(monkeypatch, ca
     assert "--accelerator gpu needs a CUDA GPU" in capsys.readouterr().err
 
 
+def quick_benchmark(out, accelerator: str) -> tuple[dict[str, str], dict[str, dict]]:
+    """``python -m benchmarks.gpu_defaults --quick`` on ``accelerator``: its table's rows by side, and each side's
+    settings in effect from its JSON, after checking every side has a step time and an exact match."""
+    command = [sys.executable, "-m", "benchmarks.gpu_defaults", "--quick", "--accelerator", accelerator, "--out", out]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines()[-2].startswith("gpu defaults against Lightning's defaults: ")
+    sides = json.loads((out / "gpu_defaults.json").read_text())["sides"]
+    assert set(sides) == {"plain", "gpu defaults", "+bf16", "+tf32", "+fused", "+workers", "+pinned"}
+    for row in sides.values():
+        assert row["step_ms"] > 0 and 0 <= row["exact_match"] <= 1
+    # The rows: each side's name right-aligned in the first 14 characters.
+    rows = {line[:14].strip(): line for line in result.stdout.splitlines()}
+    return rows, {side: row["settings"] for side, row in sides.items()}
+
+
+def expected_settings(side: str, on_gpu: bool) -> dict:
+    """What a side runs with: Lightning's defaults but for its one choice; the GPU defaults every choice. On CPU
+    the loader choices change nothing: no workers by device, nothing to pin."""
+    has = {name: side in ("gpu defaults", f"+{name}") for name in ("bf16", "tf32", "fused", "workers", "pinned")}
+    return {
+        "precision": "bf16-mixed" if has["bf16"] else "32-true",
+        "matmul_precision": "high" if has["tf32"] else "highest",
+        "fused": has["fused"],
+        "persistent_workers": has["workers"] and on_gpu,
+        "pin_memory": has["pinned"] and on_gpu,
+    }
+
+
 @pytest.mark.distributed
 def test_the_quick_benchmark_prints_every_side_with_the_settings_it_had_and_the_headline(tmp_path):
-    command = [sys.executable, "-m", "benchmarks.gpu_defaults", "--quick", "--out", str(tmp_path)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
-    # The rows: each side's name right-aligned in the first 14 characters.
-    lines = {line[:14].strip(): line for line in result.stdout.splitlines()}
-    expected = {
-        "plain": "32-true, matmul highest, unfused AdamW, 0 workers, pageable",
-        "+bf16": "bf16-mixed, matmul highest, unfused AdamW",
-        "+tf32": "32-true, matmul high, unfused AdamW",
-        "+fused": "32-true, matmul highest, fused AdamW",
-        # On CPU the loader settings change nothing: no workers by device, nothing to pin.
-        "+workers": "32-true, matmul highest, unfused AdamW, 0 workers, pageable",
-        "+pinned": "32-true, matmul highest, unfused AdamW, 0 workers, pageable",
-    }
-    for side, settings in expected.items():
-        assert settings in lines[side], lines.get(side)
-    assert "bf16-mixed, matmul high, fused AdamW" in lines["gpu defaults"]
-    assert result.stdout.splitlines()[-2].startswith("gpu defaults against Lightning's defaults: ")
-    results = json.loads((tmp_path / "gpu_defaults.json").read_text())
-    assert set(results["sides"]) == {"plain", "gpu defaults", "+bf16", "+tf32", "+fused", "+workers", "+pinned"}
-    for row in results["sides"].values():
-        assert row["step_ms"] > 0 and 0 <= row["exact_match"] <= 1
+    rows, settings = quick_benchmark(tmp_path, "cpu")
+    for side, had in settings.items():
+        assert {key: had[key] for key in expected_settings(side, False)} == expected_settings(side, False), side
+        assert had["num_workers"] == 0, side
+        assert describe(had) in rows[side], rows.get(side)
+    assert "plain" in rows["plain"] and "32-true, matmul highest, unfused AdamW, 0 workers, pageable" in rows["plain"]
+
+
+@needs_gpus(1)
+def test_on_a_gpu_each_side_has_its_one_setting_in_effect(tmp_path):
+    if torch.cuda.get_device_capability(0)[0] < 8:
+        pytest.skip("bfloat16 needs compute capability 8.0; this GPU's refusal is tested on CPU")
+    _, settings = quick_benchmark(tmp_path, "gpu")
+    for side, had in settings.items():
+        assert {key: had[key] for key in expected_settings(side, True)} == expected_settings(side, True), side
+        assert (had["num_workers"] > 0) == (side in ("gpu defaults", "+workers")), side
