@@ -50,6 +50,10 @@ class Seq2SeqDataModule(LightningDataModule):
             where workers would take cores from the training processes; on GPU up to 4, from the cores each
             process has (a SLURM task its own ``--cpus-per-task``, other processes their share of the
             node's), less one for the process itself, so batches are ready while the GPU computes.
+        pin_memory: page-locked batches, whose copy to the GPU (Lightning's, ``non_blocking=True``) runs beside
+            the GPU's work. On CUDA GPUs only: a CPU run copies nothing (torch would warn).
+        persistent_workers: keep the workers from epoch to epoch (and validation) instead of starting them again.
+            A shard directory's loader starts them every epoch: that hands them the epoch's order.
         seed: seed of the built-in corpus and of the validation split, independent of ``seed_everything``.
 
     Attributes linked into the model by cli.py: ``vocab_size``, ``pad_id``, ``bos_id``, ``eos_id``.
@@ -66,6 +70,8 @@ class Seq2SeqDataModule(LightningDataModule):
         group_by_length: bool = True,
         predict_path: str | None = None,
         num_workers: int | None = None,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -187,9 +193,10 @@ class Seq2SeqDataModule(LightningDataModule):
         if workers is None:
             workers = max(0, min(4, self._cores_per_process() - 1)) if on_gpu else 0
         # A streaming loader's workers get the epoch and the batches to skip with a new copy of it every epoch.
-        persistent = workers > 0 and not isinstance(dataset, StreamingPairs)
+        persistent = self.hparams.persistent_workers and workers > 0 and not isinstance(dataset, StreamingPairs)
         kwargs.setdefault("collate_fn", collate)
-        return loader(dataset, num_workers=workers, persistent_workers=persistent, pin_memory=on_gpu, **kwargs)
+        pin = self.hparams.pin_memory and on_gpu
+        return loader(dataset, num_workers=workers, persistent_workers=persistent, pin_memory=pin, **kwargs)
 
     def _streaming(self, split: str, shuffle: bool) -> StreamingPairs:
         trainer = self.trainer

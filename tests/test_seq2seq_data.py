@@ -309,6 +309,18 @@ def test_worker_count_follows_the_device_unless_set(tmp_path, monkeypatch, accel
     assert loader.pin_memory == isinstance(accelerator, CUDAAccelerator)
 
 
+def test_pinned_memory_and_kept_workers_can_be_turned_off_on_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    data = Seq2SeqDataModule(data_dir=str(tmp_path), num_pairs=300, pin_memory=False, persistent_workers=False)
+    data.trainer = SimpleNamespace(
+        accelerator=CUDAAccelerator(), num_devices=2, world_size=1, strategy=SimpleNamespace(cluster_environment=None)
+    )
+    data.prepare_data()
+    data.setup("fit")
+    loader = data.val_dataloader()
+    assert (loader.num_workers, loader.persistent_workers, loader.pin_memory) == (4, False, False)
+
+
 @pytest.mark.parametrize(
     ("environment", "expected"),
     [
