@@ -13,12 +13,12 @@ it reached and the settings it had in effect, read from the trainer, optimizer a
 import argparse
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from benchmarks.timing import clock
 from benchmarks.workloads import ACCELERATORS, WORKLOADS, build, device_problem
 
 # The benchmark's seq2seq workload (benchmarks/bench.py's sizes) with the GPU settings after its configs.
@@ -28,11 +28,18 @@ WORKLOAD = dataclasses.replace(
 METRIC = "val/exact_match"
 
 
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` once ``device`` has finished the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 class SpanTimer(Callback):
     """The time from the start of the first step after ``warmup`` to the end of training, read once the GPU has
     finished: between the two the process runs ahead of the GPU as training does, so a copy that overlaps the GPU's
-    work (pinned memory) or a batch made while it computes (workers) shortens the span. benchmarks/timing.py's
-    StepTimer waits for the GPU at every step, which would hide both."""
+    work (pinned memory) or a batch made while it computes (workers) shortens the span. Two reads, each waiting for
+    the GPU, are all a span needs."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup

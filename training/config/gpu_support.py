@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 
-from training.config.trainer_settings import _origin
+from training.config.trainer_settings import origin
 
 NATIVE_BF16 = 8  # the first compute capability (major) with bfloat16 tensor cores: Ampere
 
@@ -36,7 +36,7 @@ def bf16_problem(config: dict[str, Any]) -> str | None:
         major, minor = torch.cuda.get_device_capability(gpu)
         if major < NATIVE_BF16:
             return (
-                f"{_origin('trainer.precision', config)} asks for bfloat16, and GPU {gpu} of this node "
+                f"{origin('trainer.precision', config)} asks for bfloat16, and GPU {gpu} of this node "
                 f"({torch.cuda.get_device_name(gpu)}, compute capability {major}.{minor}) has no bfloat16 units "
                 f"(compute capability {NATIVE_BF16}.0 and newer: A100, A10, L4, H100, RTX 30xx and later): torch "
                 "would emulate bfloat16, slower than float32. On this GPU set trainer.precision=16-mixed (float16 "

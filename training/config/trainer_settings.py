@@ -27,8 +27,8 @@ def combination_problem(config: dict[str, Any]) -> str | None:
     clips_by_norm = trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") in (None, "norm")
     if _is_fsdp(trainer.get("strategy")) and clips_by_norm:
         return (
-            f"{_origin('trainer.strategy', config)} shards the model with FSDP, and "
-            f"{_origin('trainer.gradient_clip_val', config)} clips gradients by their norm: Lightning 2.6 cannot "
+            f"{origin('trainer.strategy', config)} shards the model with FSDP, and "
+            f"{origin('trainer.gradient_clip_val', config)} clips gradients by their norm: Lightning 2.6 cannot "
             "clip by norm under FSDP (each process holds only a shard of the gradients) and would stop at the first "
             "optimizer step. Clip by value (--trainer.gradient_clip_algorithm=value), drop the clipping "
             "(--trainer.gradient_clip_val=null), or train with DDP (leave out the FSDP config)."
@@ -62,19 +62,19 @@ def gpu_only_problem(config: dict[str, Any]) -> str | None:
     cpu_only = trainer.get("accelerator") == "cpu" or not CUDAAccelerator.is_available()
     if _is_fsdp(trainer.get("strategy")) and cpu_only:
         return (
-            f"{_origin('trainer.strategy', config)} shards the model with FSDP, which runs on CUDA GPUs only, and "
+            f"{origin('trainer.strategy', config)} shards the model with FSDP, which runs on CUDA GPUs only, and "
             f"{where}. On CPU, train with DDP, the strategy of configs/ddp.yaml (leave that setting out): it runs "
             "trainer.devices processes with gloo."
         )
     if trainer.get("sync_batchnorm") and cpu_only:
         return (
-            f"{_origin('trainer.sync_batchnorm', config)} converts batch norm layers to torch's SyncBatchNorm, which "
+            f"{origin('trainer.sync_batchnorm', config)} converts batch norm layers to torch's SyncBatchNorm, which "
             f"runs on CUDA GPUs only, and {where}: every process would stop at its first batch. On CPU leave it out "
             "(--trainer.sync_batchnorm=false): each process then normalises by the statistics of its own batch."
         )
     if runs_on_cpu(trainer) and str(trainer.get("precision")) in ("16", "16-mixed"):
         return (
-            f"{_origin('trainer.precision', config)} asks for float16 mixed precision, which Lightning runs on CUDA "
+            f"{origin('trainer.precision', config)} asks for float16 mixed precision, which Lightning runs on CUDA "
             f"GPUs only, and {where}: Lightning would train in bfloat16 instead. For mixed precision on CPU, set "
             "trainer.precision=bf16-mixed (configs/bf16.yaml instead of configs/fp16.yaml); for full float32, "
             "leave trainer.precision out."
@@ -198,7 +198,7 @@ def _is_fsdp(strategy: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, FSDPStrategy)
 
 
-def _origin(key: str, config: dict[str, Any]) -> str:
+def origin(key: str, config: dict[str, Any]) -> str:
     """Where the dotted ``key`` of ``config`` (a subcommand's, a dict) got its value: the last config file that sets it
     (later files override earlier ones), unless the command line set another value over it."""
     value: Any = config
