@@ -42,15 +42,16 @@ def logged_row(args: argparse.Namespace) -> tuple[str, int]:
 
 def row_sides(args: argparse.Namespace, workload: str, processes: int) -> dict:
     """The sides of one row, by name: how to run each once. Every row measures what the step-time measurement
-    costs (the template without training.StepTime); the logged row, and every row of the short mode, the template
-    without logger and progress bar too, which is what plain Lightning runs without."""
+    costs (the template without training.StepTime); the logged row, and every row of the short and quick modes, the
+    template without logger and progress bar too, which is what plain Lightning runs without (quick mode checks
+    that every side runs on every workload)."""
     sides = {
         "template": template_run,
         "lightning": partial(module_run, "benchmarks.lightning_only"),
         "raw": partial(module_run, "benchmarks.raw_ddp"),
         "untimed": untimed_run,
     }
-    if args.short or (workload, processes) == logged_row(args):
+    if args.short or args.quick or (workload, processes) == logged_row(args):
         sides["quiet"] = quiet_run
     return sides
 

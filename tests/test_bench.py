@@ -42,6 +42,9 @@ def test_every_workload_and_process_count_is_timed_against_the_raw_loop(bench):
     results, _, _ = bench
     rows = results["steps"]
     assert sorted((r["workload"], r["processes"]) for r in rows) == [("seq2seq", 1), ("toy", 2)]
+    # Quick mode runs every side on every row, the short mode's too: each runs on each workload.
+    assert all(list(r["run_s"]) == [*SIDES, "untimed", "quiet"] for r in rows), [list(r["run_s"]) for r in rows]
+    assert all("quiet_over_lightning" in r for r in rows)
     for row in rows:
         rounds = row["rounds_step_ms"]
         for side in SIDES:
