@@ -1,5 +1,6 @@
 """What each layer costs a training step, in microseconds, on a workload of almost no compute (a step is all Python):
-what Lightning adds to the raw loop, what the template adds to Lightning, and each of the template's callbacks and
+what Lightning adds to the raw loop, what the template adds to Lightning (bare, and with the same logger, log interval
+and progress bar as the template: benchmarks/lightning_only.py --logged), and each of the template's callbacks and
 its logger, measured as the template with that one turned off. One process on the CPU, so every machine sees the
 cost that a fast GPU turns into a slower step.
 
@@ -45,6 +46,7 @@ def sides(only: list[str]) -> dict:
     return {
         "raw": partial(module_run, "benchmarks.raw_ddp"),
         "lightning": partial(module_run, "benchmarks.lightning_only"),
+        "lightning+logger": lightning_logged,
         "template": template_run,
         **{f"without {name}": partial(template_without, flag) for name, flag in flags.items()},
     }
@@ -52,6 +54,10 @@ def sides(only: list[str]) -> dict:
 
 def template_without(flags: tuple[str, ...], *args, bound: float) -> Path:
     return template_run(*args, *flags, bound=bound)
+
+
+def lightning_logged(*args, bound: float) -> Path:
+    return module_run("benchmarks.lightning_only", *args, "--logged", bound=bound)
 
 
 def main() -> None:
@@ -98,6 +104,7 @@ def report(medians: dict[str, list[float]], rounds: int) -> str:
         *(f"  {side:32} {statistics.median(values):8.1f} us/step" for side, values in medians.items()),
         f"  Lightning over the raw loop      {cost('lightning', 'raw')}",
         f"  template over Lightning          {cost('template', 'lightning')}",
+        f"  the same, Lightning logging too  {cost('template', 'lightning+logger')}",
     ]
     lines += [f"  {side.removeprefix('without '):32} {cost('template', side)}" for side in medians if " " in side]
     return "\n".join(lines)
