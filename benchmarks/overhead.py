@@ -4,11 +4,13 @@ and progress bar as the template: benchmarks/lightning_only.py --logged), and ea
 its logger, measured as the template with that one turned off. One process on the CPU, so every machine sees the
 cost that a fast GPU turns into a slower step.
 
-    python -m benchmarks.overhead [--rounds 3] [--steps 2000] [--only StepTime,ProgressBar]
+    python -m benchmarks.overhead [--rounds 3] [--steps 2000] [--only StepTime,ProgressBar] [--clock cpu]
 
 Runs alternate as in benchmarks/bench.py: each round runs every side once, each round starting with the next side.
 A side's figure is the median over the rounds of its run's median step (after 50 warm-up steps); a callback's cost
-is the median over the rounds of (template - template without it), with the lowest and highest round.
+is the median over the rounds of (template - template without it), with the lowest and highest round. With
+``--clock cpu`` a step is the CPU time the process spent on it, every thread's, instead of the time it took: the
+figure that other work on a busy machine changes least.
 """
 
 import argparse
@@ -28,6 +30,7 @@ from benchmarks.sides import SideFailed, module_run, template_run
 from benchmarks.workloads import REPO
 
 WARMUP = 50
+CLOCKS = {"wall": "starts", "cpu": "cpu_starts"}  # the records' lists of step starts
 
 
 def template_entries() -> list[str]:
@@ -66,6 +69,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000, help="timed steps of each run (default 2000)")
     parser.add_argument("--only", default="", help="the callbacks (and logger) to turn off in turn; default all")
     parser.add_argument("--side-timeout", type=float, default=600, help="seconds one run may take (default 600)")
+    parser.add_argument(
+        "--clock", choices=CLOCKS, default="wall", help="a step's time, or the CPU time it took (default wall)"
+    )
     args = parser.parse_args()
     known = [*template_entries(), "logger"]
     only = [name for name in args.only.split(",") if name] or known
@@ -88,11 +94,11 @@ def main() -> None:
                 except SideFailed as failure:
                     print(failure.output[-3000:], file=sys.stderr)
                     sys.exit(f"error: {failure}")
-                medians[side].append(1e6 * median_step(record, WARMUP))
-    print(report(medians, args.rounds))
+                medians[side].append(1e6 * median_step(record, WARMUP, CLOCKS[args.clock]))
+    print(report(medians, args.rounds, args.clock))
 
 
-def report(medians: dict[str, list[float]], rounds: int) -> str:
+def report(medians: dict[str, list[float]], rounds: int, clock: str = "wall") -> str:
     """The table: each side's microseconds a step, and what each layer and each callback adds."""
 
     def cost(more: str, less: str) -> str:
@@ -100,7 +106,8 @@ def report(medians: dict[str, list[float]], rounds: int) -> str:
         return f"{statistics.median(differences):+7.1f} us ({min(differences):+.1f} to {max(differences):+.1f})"
 
     lines = [
-        f"per-step cost on a workload of almost no compute, 1 CPU process, median of {rounds} rounds:",
+        f"per-step cost{' in CPU time' if clock == 'cpu' else ''} on a workload of almost no compute, 1 CPU process, "
+        f"median of {rounds} rounds:",
         *(f"  {side:32} {statistics.median(values):8.1f} us/step" for side, values in medians.items()),
         f"  Lightning over the raw loop      {cost('lightning', 'raw')}",
         f"  template over Lightning          {cost('template', 'lightning')}",
