@@ -18,7 +18,7 @@ FIXES = (
     "for bad values in the data of that step; to leave such steps out instead, set non_finite: skip on the "
     "training.FiniteLoss entry of trainer.callbacks."
 )
-MOST_HELD = 1000  # losses a process holds between checks
+MOST_HELD = 1000  # losses a process holds between checks, whatever log_every_n_steps
 
 
 class NonFiniteError(RuntimeError):
@@ -29,8 +29,8 @@ class FiniteLoss(Callback):
     """Keeps a run's checkpoints finite, and stops it where its loss stops being so.
 
     With ``non_finite: stop``, each process keeps its losses on the device (no wait for the GPU); every
-    ``log_every_n_steps`` batches, and before every checkpoint is written, it reads the first step whose loss was NaN
-    or inf and the processes compare notes (one all-reduce of two numbers a process), and all stop together, in one
+    ``log_every_n_steps`` batches (1000 at most), and before every checkpoint is written, the processes compare where
+    their first NaN or inf loss was (one all-reduce of two numbers a process), and all stop together, in one
     paragraph naming the step, the ranks and the last checkpoint that is still finite, from which the same command
     resumes. A checkpoint is never written with NaN or inf weights: the check before a save covers the weights too.
 
@@ -44,14 +44,13 @@ class FiniteLoss(Callback):
 
     def __init__(self, non_finite: Literal["stop", "skip"] = "stop") -> None:
         self.non_finite = non_finite
-        self.first_bad = -1  # this process's first step with a non-finite loss, or -1
-        # The losses since the last check with their steps, or None outside training: a step only keeps its loss,
-        # the check reads them all at once, where it waits for the device anyway.
+        # The losses since the last check with their steps, or None outside training: a step only keeps its loss on
+        # the device, and the check looks at them all at once.
         self.held: list[tuple[int, torch.Tensor]] | None = None
         self.skipped = 0
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.first_bad, self.held = -1, []
+        self.held = []
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -60,10 +59,9 @@ class FiniteLoss(Callback):
         if self.non_finite == "skip" or self.held is None or not isinstance(loss, torch.Tensor):
             return
         self.held.append((trainer.global_step, loss.detach()))
-        if (batch_idx + 1) % max(trainer.log_every_n_steps, 1) == 0:
+        # Every process holds as many losses as the others: they reach a check at the same batch.
+        if (batch_idx + 1) % max(trainer.log_every_n_steps, 1) == 0 or len(self.held) >= MOST_HELD:
             self.check(trainer, pl_module)
-        elif len(self.held) >= MOST_HELD:  # a long log interval: read them without waiting for the other processes
-            self.read_held()
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer
@@ -92,14 +90,16 @@ class FiniteLoss(Callback):
     def check(self, trainer: Trainer, pl_module: LightningModule, weights: bool = False) -> None:
         """Raise NonFiniteError on every process when any saw a non-finite loss (or, with ``weights``, holds
         non-finite weights)."""
-        self.read_held()
+        held, self.held = self.held or [], []
         finite = [p.isfinite().all() for p in pl_module.parameters()] if weights else []
         bad_weights = bool(finite) and not torch.stack(finite).all().item()
-        # A row per process, each filling its own: summed over the processes, every one holds all of them.
+        # A row per process, each filling its own: summed over the processes, every one holds all of them. A row
+        # holds the place of the first non-finite loss among the held ones (len(held): none), which names the same
+        # step on every process, as they all hold the same steps.
         notes = torch.zeros((trainer.world_size, 2), dtype=torch.long, device=pl_module.device)
-        notes[trainer.global_rank, 0] = self.first_bad
+        notes[trainer.global_rank, 0] = first_non_finite([loss for _, loss in held])
         notes[trainer.global_rank, 1] = int(bad_weights)
-        notes = summed(notes).tolist()
+        notes = [(held[place][0] if place < len(held) else -1, bad) for place, bad in summed(notes).tolist()]
         ranks = [str(rank) for rank, (step, _) in enumerate(notes) if step >= 0]
         if ranks:
             step = min(step for step, _ in notes if step >= 0)
@@ -114,18 +114,18 @@ class FiniteLoss(Callback):
             f"{what}, so the run stopped: no checkpoint holds what came after. {kept(trainer)} {FIXES}"
         )
 
-    def read_held(self) -> None:
-        """Note the first step of the held losses that is NaN or inf, and let them go."""
-        if not self.held:
-            return
-        losses = [loss for _, loss in self.held]
-        if all(loss.dim() == 0 for loss in losses):  # the usual scalar loss: one read of them all
-            finite = torch.isfinite(torch.stack(losses)).tolist()
-        else:
-            finite = [bool(torch.isfinite(loss).all()) for loss in losses]
-        if self.first_bad < 0:
-            self.first_bad = next((step for (step, _), ok in zip(self.held, finite, strict=True) if not ok), -1)
-        self.held = []
+
+def first_non_finite(losses: list[torch.Tensor]) -> torch.Tensor | int:
+    """The place of the first loss that is NaN or inf, ``len(losses)`` for none, computed on their device without
+    waiting for it."""
+    if not losses:
+        return 0
+    if all(loss.dim() == 0 for loss in losses):  # the usual scalar loss
+        finite = torch.isfinite(torch.stack(losses))
+    else:
+        finite = torch.stack([torch.isfinite(loss).all() for loss in losses])
+    places = torch.arange(len(losses), device=finite.device)
+    return torch.where(finite, len(losses), places).min()
 
 
 def summed(tensor: torch.Tensor) -> torch.Tensor:
