@@ -316,8 +316,9 @@ def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
 def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_callback_adds(
-    tmp_path, monkeypatch, capsys
+    clock, tmp_path, monkeypatch, capsys
 ):
     from benchmarks import overhead
 
@@ -343,7 +344,8 @@ def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_c
         runs.append((side, workload, processes, accelerator))
         step = step_us[side] + (10 if side == "template" and name.endswith("-1") else 0)
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"starts": [i * step / 1e6 for i in range(steps)]}))
+        starts = [i * step / 1e6 for i in range(steps)]
+        path.write_text(json.dumps({"starts": starts if clock == "wall" else [], "cpu_starts": starts}))
         return path
 
     def module_run(module: str, *args, bound: float) -> Path:
@@ -351,11 +353,13 @@ def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_c
 
     monkeypatch.setattr(overhead, "module_run", module_run)
     monkeypatch.setattr(overhead, "template_run", lambda *args, bound: record(flags[tuple(args[7:])], args))
-    monkeypatch.setattr(sys, "argv", ["overhead", "--rounds", "2", "--steps", "20", "--only", "StepTime,logger"])
+    only = ["--only", "StepTime,logger", "--clock", clock]
+    monkeypatch.setattr(sys, "argv", ["overhead", "--rounds", "2", "--steps", "20", *only])
     overhead.main()
     assert sorted(runs) == sorted((side, "null", 1, "cpu") for side in step_us for _ in range(2))
     assert capsys.readouterr().out.splitlines()[-12:] == [
-        "per-step cost on a workload of almost no compute, 1 CPU process, median of 2 rounds:",
+        f"per-step cost{' in CPU time' if clock == 'cpu' else ''} on a workload of almost no compute, 1 CPU process, "
+        "median of 2 rounds:",
         "  raw                                 500.0 us/step",
         "  lightning                          1300.0 us/step",
         "  lightning+logger                   1380.0 us/step",
