@@ -16,9 +16,10 @@ from benchmarks.sides import module_run, quiet_run, run, template_run, untimed_r
 from benchmarks.workloads import REPO
 
 
-def median_step(record: Path, warmup: int) -> float:
-    """The median time between consecutive step starts, after ``warmup`` steps."""
-    starts = json.loads(record.read_text())["starts"][warmup:]
+def median_step(record: Path, warmup: int, clock: str = "starts") -> float:
+    """The median time between consecutive step starts, after ``warmup`` steps; by the process's CPU time with
+    ``clock="cpu_starts"``."""
+    starts = json.loads(record.read_text())[clock][warmup:]
     return statistics.median(b - a for a, b in itertools.pairwise(starts))
 
 

@@ -1,13 +1,16 @@
 """What each layer costs a training step, in microseconds, on a workload of almost no compute (a step is all Python):
-what Lightning adds to the raw loop, what the template adds to Lightning, and each of the template's callbacks and
+what Lightning adds to the raw loop, what the template adds to Lightning (bare, and with the same logger, log interval
+and progress bar as the template: benchmarks/lightning_only.py --logged), and each of the template's callbacks and
 its logger, measured as the template with that one turned off. One process on the CPU, so every machine sees the
 cost that a fast GPU turns into a slower step.
 
-    python -m benchmarks.overhead [--rounds 3] [--steps 2000] [--only StepTime,ProgressBar]
+    python -m benchmarks.overhead [--rounds 3] [--steps 2000] [--only StepTime,ProgressBar] [--clock cpu]
 
 Runs alternate as in benchmarks/bench.py: each round runs every side once, each round starting with the next side.
 A side's figure is the median over the rounds of its run's median step (after 50 warm-up steps); a callback's cost
-is the median over the rounds of (template - template without it), with the lowest and highest round.
+is the median over the rounds of (template - template without it), with the lowest and highest round. With
+``--clock cpu`` a step is the CPU time the process spent on it, every thread's, instead of the time it took: the
+figure that other work on a busy machine changes least.
 """
 
 import argparse
@@ -27,6 +30,7 @@ from benchmarks.sides import SideFailed, module_run, template_run
 from benchmarks.workloads import REPO
 
 WARMUP = 50
+CLOCKS = {"wall": "starts", "cpu": "cpu_starts"}  # the records' lists of step starts
 
 
 def template_entries() -> list[str]:
@@ -45,6 +49,7 @@ def sides(only: list[str]) -> dict:
     return {
         "raw": partial(module_run, "benchmarks.raw_ddp"),
         "lightning": partial(module_run, "benchmarks.lightning_only"),
+        "lightning+logger": lightning_logged,
         "template": template_run,
         **{f"without {name}": partial(template_without, flag) for name, flag in flags.items()},
     }
@@ -54,12 +59,19 @@ def template_without(flags: tuple[str, ...], *args, bound: float) -> Path:
     return template_run(*args, *flags, bound=bound)
 
 
+def lightning_logged(*args, bound: float) -> Path:
+    return module_run("benchmarks.lightning_only", *args, "--logged", bound=bound)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every side (default 3)")
     parser.add_argument("--steps", type=int, default=2000, help="timed steps of each run (default 2000)")
     parser.add_argument("--only", default="", help="the callbacks (and logger) to turn off in turn; default all")
     parser.add_argument("--side-timeout", type=float, default=600, help="seconds one run may take (default 600)")
+    parser.add_argument(
+        "--clock", choices=CLOCKS, default="wall", help="a step's time, or the CPU time it took (default wall)"
+    )
     args = parser.parse_args()
     known = [*template_entries(), "logger"]
     only = [name for name in args.only.split(",") if name] or known
@@ -82,11 +94,11 @@ def main() -> None:
                 except SideFailed as failure:
                     print(failure.output[-3000:], file=sys.stderr)
                     sys.exit(f"error: {failure}")
-                medians[side].append(1e6 * median_step(record, WARMUP))
-    print(report(medians, args.rounds))
+                medians[side].append(1e6 * median_step(record, WARMUP, CLOCKS[args.clock]))
+    print(report(medians, args.rounds, args.clock))
 
 
-def report(medians: dict[str, list[float]], rounds: int) -> str:
+def report(medians: dict[str, list[float]], rounds: int, clock: str = "wall") -> str:
     """The table: each side's microseconds a step, and what each layer and each callback adds."""
 
     def cost(more: str, less: str) -> str:
@@ -94,10 +106,12 @@ def report(medians: dict[str, list[float]], rounds: int) -> str:
         return f"{statistics.median(differences):+7.1f} us ({min(differences):+.1f} to {max(differences):+.1f})"
 
     lines = [
-        f"per-step cost on a workload of almost no compute, 1 CPU process, median of {rounds} rounds:",
+        f"per-step cost{' in CPU time' if clock == 'cpu' else ''} on a workload of almost no compute, 1 CPU process, "
+        f"median of {rounds} rounds:",
         *(f"  {side:32} {statistics.median(values):8.1f} us/step" for side, values in medians.items()),
         f"  Lightning over the raw loop      {cost('lightning', 'raw')}",
         f"  template over Lightning          {cost('template', 'lightning')}",
+        f"  the same, Lightning logging too  {cost('template', 'lightning+logger')}",
     ]
     lines += [f"  {side.removeprefix('without '):32} {cost('template', side)}" for side in medians if " " in side]
     return "\n".join(lines)

@@ -91,12 +91,13 @@ def seq2seq_loss(model, batch) -> torch.Tensor:
     )
 
 
-def timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, steps: int) -> tuple[list, float]:
-    """``steps`` steps of ``model`` under DistributedDataParallel: when each step started, and the wall time of the
-    first. The wrapper lives in here only: it is freed on return, before the process group (release_group)."""
+def timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, steps: int) -> tuple[list, float, list]:
+    """``steps`` steps of ``model`` under DistributedDataParallel: when each step started, the wall time of the
+    first, and the process's CPU time at each start. The wrapper lives in here only: it is freed on return, before
+    the process group (release_group)."""
     on_gpu = device.type == "cuda"
     ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None, gradient_as_bucket_view=True)
-    marks = StepMarks(device)
+    marks, cpu_starts = StepMarks(device), []
     first_step_wall = 0.0
     epoch = 0
     while len(marks) < steps:
@@ -105,13 +106,14 @@ def timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, s
             if not marks:
                 first_step_wall = time.time()
             marks.mark()
+            cpu_starts.append(time.process_time())
             optimizer.zero_grad(set_to_none=True)
             loss_of(ddp, to_device(batch, device)).backward()
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
         epoch += 1
-    return marks.seconds(), first_step_wall
+    return marks.seconds(), first_step_wall, cpu_starts
 
 
 def release_group() -> None:
@@ -152,9 +154,11 @@ def train(rank: int, args: argparse.Namespace) -> None:
     scheduler = configured["lr_scheduler"]["scheduler"] if isinstance(configured, dict) else None
     loader, sampler = (seq2seq_loader if args.workload == "seq2seq" else toy_loader)(data, rank, world)
     loss_of = seq2seq_loss if args.workload == "seq2seq" else toy_loss
-    starts, first_step_wall = timed_steps(model, device, loader, sampler, loss_of, optimizer, scheduler, args.steps)
+    starts, first_step_wall, cpu_starts = timed_steps(
+        model, device, loader, sampler, loss_of, optimizer, scheduler, args.steps
+    )
     if rank == 0:
-        write_record(Path(args.out), starts, first_step_wall, torch.get_num_threads(), model)
+        write_record(Path(args.out), starts, first_step_wall, torch.get_num_threads(), model, cpu_starts)
     release_group()
 
 

@@ -103,7 +103,15 @@ def untimed_run(
 
 
 def module_command(
-    module: str, workload: str, processes: int, steps: int, quick: bool, accelerator: str, work: Path, record: Path
+    module: str,
+    workload: str,
+    processes: int,
+    steps: int,
+    quick: bool,
+    accelerator: str,
+    work: Path,
+    record: Path,
+    *extra: str,
 ) -> list[str]:
     """``python -m benchmarks.raw_ddp`` or ``benchmarks.lightning_only``: they take the same arguments. ``run`` puts
     the repo on PYTHONPATH, so the module is found from the run's own directory."""
@@ -123,6 +131,7 @@ def module_command(
         str(record),
         "--data-dir",
         str(work / "cache"),
+        *extra,
     ]
     return [*command, "--quick"] if quick else command
 
@@ -136,10 +145,10 @@ def module_run(
     accelerator: str,
     work: Path,
     name: str,
-    *,
+    *extra: str,
     bound: float,
 ) -> Path:
     record = work / f"{name}.json"
-    command = module_command(module, workload, processes, steps, quick, accelerator, work, record)
+    command = module_command(module, workload, processes, steps, quick, accelerator, work, record, *extra)
     run(command, cwd=work / name, bound=bound)
     return record

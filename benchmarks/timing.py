@@ -49,13 +49,15 @@ class StepMarks:
 
 
 class StepTimer(Callback):
-    """Marks the start of every training batch, and the end of training, with StepMarks on every rank alike; global
-    rank 0 writes the marks to ``out`` (JSON) with the wall clock of its first step, and the model's weights beside
-    it (``.pt``), as every process of benchmarks/raw_ddp.py marks its steps and its rank 0 writes them."""
+    """Marks the start of every training batch, and the end of training, with StepMarks on every rank alike, and the
+    process's CPU time at each; global rank 0 writes the marks to ``out`` (JSON) with the wall clock of its first
+    step, and the model's weights beside it (``.pt``), as every process of benchmarks/raw_ddp.py marks its steps and
+    its rank 0 writes them."""
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
         self.marks: StepMarks | None = None
+        self.cpu_starts: list[float] = []
         self.first_step_wall = 0.0
         self.threads = 0
 
@@ -65,16 +67,28 @@ class StepTimer(Callback):
             self.first_step_wall = time.time()
             self.threads = torch.get_num_threads()
         self.marks.mark()
+        self.cpu_starts.append(time.process_time())
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.marks is None:  # no step: a record of the end alone
             self.marks = StepMarks(pl_module.device)
         self.marks.mark()
+        self.cpu_starts.append(time.process_time())
         if trainer.is_global_zero:
-            write_record(self.out, self.marks.seconds(), self.first_step_wall, self.threads, pl_module)
+            seconds = self.marks.seconds()
+            write_record(self.out, seconds, self.first_step_wall, self.threads, pl_module, self.cpu_starts)
 
 
-def write_record(out: Path, starts: list[float], first_step_wall: float, threads: int, model: torch.nn.Module) -> None:
-    """The step start times as JSON at ``out``, the model's weights beside it (``.pt``): what bench.py reads."""
-    out.write_text(json.dumps({"starts": starts, "first_step_wall": first_step_wall, "threads": threads}))
+def write_record(
+    out: Path,
+    starts: list[float],
+    first_step_wall: float,
+    threads: int,
+    model: torch.nn.Module,
+    cpu_starts: list[float],
+) -> None:
+    """The step start times (by the clock and in CPU time) as JSON at ``out``, the model's weights beside it (``.pt``):
+    what bench.py and overhead.py read."""
+    record = {"starts": starts, "cpu_starts": cpu_starts, "first_step_wall": first_step_wall, "threads": threads}
+    out.write_text(json.dumps(record))
     torch.save(model.state_dict(), out.with_suffix(".pt"))

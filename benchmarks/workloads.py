@@ -92,8 +92,9 @@ def device_problem(accelerator: str, processes: int) -> str:
     return ""
 
 
-def run_arguments(description: str) -> argparse.Namespace:
-    """The command line of benchmarks/raw_ddp.py and benchmarks/lightning_only.py, which bench.py runs alike."""
+def run_arguments(description: str, logged: bool = False) -> argparse.Namespace:
+    """The command line of benchmarks/raw_ddp.py and benchmarks/lightning_only.py, which bench.py runs alike;
+    ``logged`` adds lightning_only's --logged."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--quick", action="store_true", help="the small sizes of benchmarks/bench.py --quick")
@@ -102,6 +103,8 @@ def run_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True, help="training steps, each timed from its start")
     parser.add_argument("--out", required=True, help="JSON file of step start times; the weights go beside it")
     parser.add_argument("--data-dir", default="cache", help="where the seq2seq corpus is (generated if missing)")
+    if logged:
+        parser.add_argument("--logged", action="store_true", help="with the template's logger and progress bar")
     args = parser.parse_args()
     if problem := device_problem(args.accelerator, args.processes):
         parser.error(problem)

@@ -320,13 +320,21 @@ def test_on_gpus_every_side_is_timed_and_the_results_name_the_gpu(tmp_path):
     assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.parametrize("clock", ["wall", "cpu"])
 def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_callback_adds(
-    tmp_path, monkeypatch, capsys
+    clock, tmp_path, monkeypatch, capsys
 ):
     from benchmarks import overhead
 
     # Each run steps evenly, the template 10 us slower in the second round: every figure is known to the microsecond.
-    step_us = {"raw": 500, "lightning": 1300, "template": 1450, "without StepTime": 1420, "without logger": 1400}
+    step_us = {
+        "raw": 500,
+        "lightning": 1300,
+        "lightning+logger": 1380,
+        "template": 1450,
+        "without StepTime": 1420,
+        "without logger": 1400,
+    }
     modules = {"benchmarks.raw_ddp": "raw", "benchmarks.lightning_only": "lightning"}
     flags = {
         ("--turn_off=[StepTime]",): "without StepTime",
@@ -340,23 +348,31 @@ def test_the_overhead_benchmark_prints_each_sides_step_and_what_each_layer_and_c
         runs.append((side, workload, processes, accelerator))
         step = step_us[side] + (10 if side == "template" and name.endswith("-1") else 0)
         path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps({"starts": [i * step / 1e6 for i in range(steps)]}))
+        starts = [i * step / 1e6 for i in range(steps)]
+        path.write_text(json.dumps({"starts": starts if clock == "wall" else [], "cpu_starts": starts}))
         return path
 
-    monkeypatch.setattr(overhead, "module_run", lambda module, *args, bound: record(modules[module], args))
+    def module_run(module: str, *args, bound: float) -> Path:
+        return record(modules[module] + ("+logger" if args[7:] == ("--logged",) else ""), args[:7])
+
+    monkeypatch.setattr(overhead, "module_run", module_run)
     monkeypatch.setattr(overhead, "template_run", lambda *args, bound: record(flags[tuple(args[7:])], args))
-    monkeypatch.setattr(sys, "argv", ["overhead", "--rounds", "2", "--steps", "20", "--only", "StepTime,logger"])
+    only = ["--only", "StepTime,logger", "--clock", clock]
+    monkeypatch.setattr(sys, "argv", ["overhead", "--rounds", "2", "--steps", "20", *only])
     overhead.main()
     assert sorted(runs) == sorted((side, "null", 1, "cpu") for side in step_us for _ in range(2))
-    assert capsys.readouterr().out.splitlines()[-10:] == [
-        "per-step cost on a workload of almost no compute, 1 CPU process, median of 2 rounds:",
+    assert capsys.readouterr().out.splitlines()[-12:] == [
+        f"per-step cost{' in CPU time' if clock == 'cpu' else ''} on a workload of almost no compute, 1 CPU process, "
+        "median of 2 rounds:",
         "  raw                                 500.0 us/step",
         "  lightning                          1300.0 us/step",
+        "  lightning+logger                   1380.0 us/step",
         "  template                           1455.0 us/step",
         "  without StepTime                   1420.0 us/step",
         "  without logger                     1400.0 us/step",
         "  Lightning over the raw loop       +800.0 us (+800.0 to +800.0)",
         "  template over Lightning           +155.0 us (+150.0 to +160.0)",
+        "  the same, Lightning logging too    +75.0 us (+70.0 to +80.0)",
         "  StepTime                           +35.0 us (+30.0 to +40.0)",
         "  logger                             +55.0 us (+50.0 to +60.0)",
     ]

@@ -88,3 +88,28 @@ def test_plain_lightning_cli_trains_on_and_saves_nan_weights_as_its_last_checkpo
     cli.trainer.callbacks.append(ModelCheckpoint(dirpath=tmp_path, save_last=True))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert not finite(torch.load(tmp_path / "last.ckpt", weights_only=True))
+
+
+def test_the_check_names_the_first_non_finite_step_of_the_losses_held_and_comes_at_least_every_most_held_batches(
+    monkeypatch,
+):
+    from types import SimpleNamespace
+
+    from training.callbacks import finite_loss
+
+    monkeypatch.setattr(finite_loss, "MOST_HELD", 5)
+    callback = finite_loss.FiniteLoss()
+    trainer = SimpleNamespace(global_step=0, log_every_n_steps=1000, world_size=1, global_rank=0, ckpt_path=None)
+    trainer.callbacks = []
+    trainer.checkpoint_callback = None
+    module = SimpleNamespace(device=torch.device("cpu"), parameters=list)
+    callback.on_train_start(trainer, module)
+    losses = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, float("nan"), 8.0, float("inf"), 10.0]
+    with pytest.raises(finite_loss.NonFiniteError, match=r"^the loss became NaN or inf at step 16, on rank 0, "):
+        for batch_idx, loss in enumerate(losses):
+            trainer.global_step = 10 + batch_idx
+            callback.on_train_batch_end(trainer, module, {"loss": torch.tensor(loss)}, None, batch_idx)
+            assert len(callback.held) < 5
+            assert batch_idx < 9, "the fifth loss held since the check at step 14 brings the next check"
+    assert finite_loss.first_non_finite([torch.tensor([1.0, 2.0]), torch.tensor([3.0, float("inf")])]) == 1
+    assert finite_loss.first_non_finite([torch.tensor(1.0)]) == 1 and finite_loss.first_non_finite([]) == 0

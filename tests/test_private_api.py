@@ -4,6 +4,7 @@ A failure here means an upgrade took one away: the message names the use and the
 """
 
 import ast
+import hashlib
 import inspect
 import signal
 from pathlib import Path
@@ -14,10 +15,13 @@ from jsonargparse import set_parsing_settings
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.trainer import call
 
 from tests.helpers import REPO
 from training.private_api import (
     CHECKED_WITH,
+    LIGHTNING_CALLBACK_DISPATCH,
     AppendingExperimentWriter,
     attach_mlflow_run,
     before_lightning_takes_signals,
@@ -25,6 +29,7 @@ from training.private_api import (
     logged_names,
     logging_step,
     omegaconf_loader,
+    skip_hooks_not_overridden,
     stop_sigterm_broadcast,
     watch_started_processes,
 )
@@ -266,3 +271,57 @@ def test_lightning_still_counts_its_logging_step_in_the_epoch_loop(tmp_path):
     trainer.fit(Logging())
     use = "fit_loop.epoch_loop._batches_that_stepped, read in on_train_batch_end"
     assert Noted.noted == Steps.written == [1, 3, 5], moved("lightning", lightning.__version__, use)
+
+
+class Skipping(PassThroughProfiler):
+    """A trainer with this profiler is one the skipping dispatch skips for."""
+
+
+class RecordsHooks(Callback):
+    """Every per-step hook it defines, with the module's fx name while it runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.calls.append(("on_train_batch_start", pl_module._current_fx_name, batch_idx))
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        self.calls.append(("on_before_backward", pl_module._current_fx_name, loss.requires_grad))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.calls.append(("on_train_batch_end", pl_module._current_fx_name, batch_idx))
+
+
+def test_lightning_still_dispatches_callback_hooks_as_checked_and_the_skipping_copy_calls_the_same_hooks(monkeypatch):
+    use = "trainer.call._call_callback_hooks, whose loop skip_hooks_not_overridden repeats without the profiler"
+    source = inspect.getsource(LIGHTNING_CALLBACK_DISPATCH)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    assert digest == "c413fb9a6a9ce1a3", moved("lightning", lightning.__version__, use)
+    empty = []  # Callback's own on_before_zero_grad, which every callback here leaves as it is
+    monkeypatch.setattr(Callback, "on_before_zero_grad", lambda self, trainer, pl_module, optimizer: empty.append(1))
+    monkeypatch.setattr(call, "_call_callback_hooks", LIGHTNING_CALLBACK_DISPATCH)
+    skip_hooks_not_overridden(lambda trainer: isinstance(trainer.profiler, Skipping))
+    skip_hooks_not_overridden(lambda trainer: False)  # a second call changes nothing
+    recorded = {}
+    for profiler in (Skipping(), PassThroughProfiler()):
+        recorder = RecordsHooks()
+        trainer = Trainer(
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[recorder, Callback()],
+            profiler=profiler,
+        )
+        trainer.fit(BoringModel())
+        recorded[type(profiler)] = (recorder.calls, len(empty))
+        empty.clear()
+    assert recorded[Skipping] == (recorded[PassThroughProfiler][0], 0)
+    assert recorded[PassThroughProfiler][1] == 2 * 2  # Lightning's own dispatch calls both callbacks' every step
+    assert recorded[Skipping][0][:3] == [
+        ("on_train_batch_start", "on_train_batch_start", 0),
+        ("on_before_backward", "on_before_backward", True),
+        ("on_train_batch_end", "on_train_batch_end", 0),
+    ]

@@ -1,12 +1,13 @@
-"""configs/profile.yaml in a real 2-process run: every rank writes a trace of the configured steps."""
+"""configs/profile.yaml in a real 2-process run: every rank writes a trace of the configured steps. Without it the
+template's NoProfiler profiles nothing at no cost, and a profiler given in its place still sees every hook."""
 
 import json
 
 import pytest
 import yaml
 
-from tests.helpers import DDP_YAML, REPO, run_script
-from training import ScheduledProfiler
+from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script
+from training import NoProfiler, ScheduledProfiler
 
 PROFILE_YAML = REPO / "configs" / "profile.yaml"
 
@@ -52,3 +53,14 @@ def test_an_impossible_schedule_names_the_setting(setting):
     name, value = setting.split("=")
     with pytest.raises(ValueError, match=f"trainer.profiler.{name} must be"):
         ScheduledProfiler(**{name: int(value)})
+
+
+def test_the_template_profiles_nothing_and_a_profiler_given_in_its_place_sees_every_callbacks_hooks(run_cli):
+    steps = [*SINGLE_PROCESS, "--trainer.max_steps=3", "--trainer.limit_val_batches=0", "--trainer.logger=false"]
+    quiet = run_cli("fit", "-c", DDP_YAML, *steps)
+    assert type(quiet.trainer.profiler) is NoProfiler
+    assert quiet.trainer.profiler.profile("a") is quiet.trainer.profiler.profile("b")  # one object, nothing kept
+    profiled = run_cli("fit", "-c", DDP_YAML, *steps, "--trainer.profiler=simple", "--ckpt_path=null")
+    recorded = profiled.trainer.profiler.recorded_durations
+    for callback in profiled.trainer.callbacks:
+        assert len(recorded[f"[Callback]{callback.state_key}.on_before_zero_grad"]) == 3, callback.state_key

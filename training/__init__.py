@@ -16,6 +16,7 @@ WHERE = {
     "LastCheckpoint": "training.checkpoints.last",
     "MLFlowLogger": "training.run.mlflow_logger",
     "MonitorCheck": "training.callbacks.monitor_check",
+    "NoProfiler": "training.run.profiler",
     "PredictionWriter": "training.callbacks.prediction_writer",
     "PreemptionCheckpoint": "training.checkpoints.preemption",
     "ProgressBar": "training.callbacks.progress_bar",

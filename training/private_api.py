@@ -14,13 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from jsonargparse._optionals import get_omegaconf_loader
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, subprocess_script
+from lightning.pytorch.trainer import call
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
+LIGHTNING_CALLBACK_DISPATCH = call._call_callback_hooks
 
 
 def omegaconf_loader() -> Callable[[str], Any]:
@@ -150,3 +152,38 @@ class AppendingExperimentWriter(ExperimentWriter):
 
     def _check_log_dir_exists(self) -> None:
         """Keep the file: the logger appends to it."""
+
+
+def skip_hooks_not_overridden(skips: Callable[[Trainer], bool]) -> None:
+    """Have Lightning call, for the trainers where ``skips(trainer)``, only the callback hooks a callback overrides:
+    the rest are Callback's own, which do nothing.
+
+    training/run/profiler.py's NoProfiler asks for it: Lightning calls every hook of every callback, a dozen hooks a
+    training step whether a callback defines them or not, each inside the profiler's context manager with a name made
+    from the callback's ``state_key`` (a string of its settings, for a ModelCheckpoint): with the template's 15
+    callbacks, about 100 calls a step that do nothing. Where a profiler records them, or ``monitoring_callbacks``
+    picks callbacks, Lightning's own ``trainer.call._call_callback_hooks`` runs; every module of Lightning calls it by
+    its name in that module, with no setting to skip a hook.
+    """
+    if call._call_callback_hooks is not LIGHTNING_CALLBACK_DISPATCH:
+        return
+
+    def call_callback_hooks(
+        trainer: Trainer, hook_name: str, *args: Any, monitoring_callbacks: bool | None = None, **kwargs: Any
+    ) -> None:
+        if monitoring_callbacks is not None or not skips(trainer):
+            LIGHTNING_CALLBACK_DISPATCH(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
+            return
+        call.log.debug(f"{trainer.__class__.__name__}: calling callback hook: {hook_name}")
+        own = getattr(Callback, hook_name, None)
+        pl_module = trainer.lightning_module
+        if pl_module:  # as Lightning's: the module's fx name is the hook's while it runs, then the one before
+            previous, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
+        for callback in trainer.callbacks:
+            hook = getattr(callback, hook_name)
+            if callable(hook) and getattr(hook, "__func__", None) is not own:
+                hook(trainer, trainer.lightning_module, *args, **kwargs)
+        if pl_module:
+            pl_module._current_fx_name = previous
+
+    call._call_callback_hooks = call_callback_hooks

@@ -18,6 +18,7 @@ FIXES = (
     "for bad values in the data of that step; to leave such steps out instead, set non_finite: skip on the "
     "training.FiniteLoss entry of trainer.callbacks."
 )
+MOST_HELD = 1000  # losses a process holds between checks, whatever log_every_n_steps
 
 
 class NonFiniteError(RuntimeError):
@@ -27,11 +28,11 @@ class NonFiniteError(RuntimeError):
 class FiniteLoss(Callback):
     """Keeps a run's checkpoints finite, and stops it where its loss stops being so.
 
-    With ``non_finite: stop``, each process notes on its device the first step whose loss was NaN or inf (no wait
-    for the GPU); every ``log_every_n_steps`` batches, and before every checkpoint is written, the processes compare
-    notes (one all-reduce of two numbers a process) and all stop together, in one paragraph naming the step, the
-    ranks and the last checkpoint that is still finite, from which the same command resumes. A checkpoint is never
-    written with NaN or inf weights: the check before a save covers the weights too.
+    With ``non_finite: stop``, each process keeps its losses on the device (no wait for the GPU); every
+    ``log_every_n_steps`` batches (1000 at most), and before every checkpoint is written, the processes compare where
+    their first NaN or inf loss was (one all-reduce of two numbers a process), and all stop together, in one
+    paragraph naming the step, the ranks and the last checkpoint that is still finite, from which the same command
+    resumes. A checkpoint is never written with NaN or inf weights: the check before a save covers the weights too.
 
     With ``non_finite: skip``, an optimizer step whose gradients hold NaN or inf is left out (the optimizer leaves a
     parameter without a gradient as it is) and the run goes on: some mixed-precision and large-model recipes
@@ -43,21 +44,23 @@ class FiniteLoss(Callback):
 
     def __init__(self, non_finite: Literal["stop", "skip"] = "stop") -> None:
         self.non_finite = non_finite
-        self.first_bad: torch.Tensor | None = None  # this process's first step with a non-finite loss, or -1
+        # The losses since the last check with their steps, or None outside training: a step only keeps its loss on
+        # the device, and the check looks at them all at once.
+        self.held: list[tuple[int, torch.Tensor]] | None = None
         self.skipped = 0
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.first_bad = torch.full((1,), -1, dtype=torch.long, device=pl_module.device)
+        self.held = []
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if self.non_finite == "skip" or self.first_bad is None or not isinstance(loss, torch.Tensor):
+        if self.non_finite == "skip" or self.held is None or not isinstance(loss, torch.Tensor):
             return
-        bad = ~torch.isfinite(loss.detach()).all()
-        self.first_bad.masked_fill_(bad & (self.first_bad < 0), trainer.global_step)
-        if (batch_idx + 1) % max(trainer.log_every_n_steps, 1) == 0:
+        self.held.append((trainer.global_step, loss.detach()))
+        # Every process holds as many losses as the others: they reach a check at the same batch.
+        if (batch_idx + 1) % max(trainer.log_every_n_steps, 1) == 0 or len(self.held) >= MOST_HELD:
             self.check(trainer, pl_module)
 
     def on_before_optimizer_step(
@@ -81,20 +84,22 @@ class FiniteLoss(Callback):
             )
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if trainer.state.fn == TrainerFn.FITTING and self.first_bad is not None:  # validation's saves too
+        if trainer.state.fn == TrainerFn.FITTING and self.held is not None:  # validation's saves too
             self.check(trainer, pl_module, weights=True)
 
     def check(self, trainer: Trainer, pl_module: LightningModule, weights: bool = False) -> None:
         """Raise NonFiniteError on every process when any saw a non-finite loss (or, with ``weights``, holds
         non-finite weights)."""
-        assert self.first_bad is not None
+        held, self.held = self.held or [], []
         finite = [p.isfinite().all() for p in pl_module.parameters()] if weights else []
         bad_weights = bool(finite) and not torch.stack(finite).all().item()
-        # A row per process, each filling its own: summed over the processes, every one holds all of them.
-        notes = self.first_bad.new_zeros((trainer.world_size, 2))
-        notes[trainer.global_rank, 0] = self.first_bad[0]
+        # A row per process, each filling its own: summed over the processes, every one holds all of them. A row
+        # holds the place of the first non-finite loss among the held ones (len(held): none), which names the same
+        # step on every process, as they all hold the same steps.
+        notes = torch.zeros((trainer.world_size, 2), dtype=torch.long, device=pl_module.device)
+        notes[trainer.global_rank, 0] = first_non_finite([loss for _, loss in held])
         notes[trainer.global_rank, 1] = int(bad_weights)
-        notes = summed(notes).tolist()
+        notes = [(held[place][0] if place < len(held) else -1, bad) for place, bad in summed(notes).tolist()]
         ranks = [str(rank) for rank, (step, _) in enumerate(notes) if step >= 0]
         if ranks:
             step = min(step for step, _ in notes if step >= 0)
@@ -108,6 +113,19 @@ class FiniteLoss(Callback):
         raise NonFiniteError(
             f"{what}, so the run stopped: no checkpoint holds what came after. {kept(trainer)} {FIXES}"
         )
+
+
+def first_non_finite(losses: list[torch.Tensor]) -> torch.Tensor | int:
+    """The place of the first loss that is NaN or inf, ``len(losses)`` for none, computed on their device without
+    waiting for it."""
+    if not losses:
+        return 0
+    if all(loss.dim() == 0 for loss in losses):  # the usual scalar loss
+        finite = torch.isfinite(torch.stack(losses))
+    else:
+        finite = torch.stack([torch.isfinite(loss).all() for loss in losses])
+    places = torch.arange(len(losses), device=finite.device)
+    return torch.where(finite, len(losses), places).min()
 
 
 def summed(tensor: torch.Tensor) -> torch.Tensor:
