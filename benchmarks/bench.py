@@ -22,7 +22,7 @@ plan, its elapsed time and a warning when that is over budget.
 2. The data path alone: a per-sample collate against the template's whole-batch indexing.
 3. Logging: the default config (TensorBoard, progress bar) against no logger and no progress bar, as a
    fifth side of the toy model's comparison with the most processes (2, or 1 on one GPU), and of every row with
-   --short, where it also gives the template over Lightning with the same logger (none).
+   --short or --quick, where it also gives the template over Lightning with the same logger (none).
 4. Start-up: ``python cli.py --help`` against ``python -c "import lightning"``, and the time from launch to
    the first training step of that job.
 
@@ -37,7 +37,7 @@ template/Lightning and template/raw ratios over the rows::
     worst template/raw step-time ratio: X.XX
 
 --quick runs tiny models for a few steps in one round, the toy model with the most processes and seq2seq with 1
-(with --short, the short mode's rows): for the tests. The chart needs matplotlib (pip install -r
+(with --short, the short mode's rows), every side on every row: for the tests. The chart needs matplotlib (pip install -r
 requirements-charts.txt); without it the benchmark measures and prints everything and says the chart was skipped.
 Each run of a side is stopped, with every process it started, after --side-timeout seconds (default 600), and
 named: a side that hangs ends the benchmark with its name.
