@@ -37,8 +37,9 @@ template/Lightning and template/raw ratios over the rows::
     worst template/raw step-time ratio: X.XX
 
 --quick runs tiny models for a few steps in one round, the toy model with the most processes and seq2seq with 1
-(with --short, the short mode's rows), every side on every row: for the tests. The chart needs matplotlib (pip install -r
-requirements-charts.txt); without it the benchmark measures and prints everything and says the chart was skipped.
+(with --short, the short mode's rows), every side on every row: for the tests. The chart needs matplotlib (pip
+install -r requirements-charts.txt); without it the benchmark measures and prints everything and says the chart was
+skipped.
 Each run of a side is stopped, with every process it started, after --side-timeout seconds (default 600), and
 named: a side that hangs ends the benchmark with its name.
 """
