@@ -12,22 +12,13 @@ import yaml
 from lightning.pytorch.accelerators import CUDAAccelerator
 
 from benchmarks.gpu_defaults import describe
+from benchmarks.workloads import WORKLOADS
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, needs_gpus
 from training.config.gpu_support import bf16_problem
 
 SEQ2SEQ_YAML = str(REPO / "configs" / "seq2seq.yaml")
 GPU_YAML = str(REPO / "configs" / "seq2seq_gpu.yaml")
 CONFIGS = ("-c", DDP_YAML, "-c", SEQ2SEQ_YAML, "-c", GPU_YAML)
-# The small sizes of benchmarks/bench.py --quick.
-TINY = (
-    "--data.init_args.num_pairs=400",
-    "--data.init_args.max_digits=3",
-    "--data.init_args.batch_size=16",
-    "--model.init_args.d_model=32",
-    "--model.init_args.dim_feedforward=64",
-    "--model.init_args.num_encoder_layers=1",
-    "--model.init_args.num_decoder_layers=1",
-)
 
 
 def test_the_gpu_config_asks_for_bf16_fused_adamw_kept_workers_and_pinned_memory(run_cli, capsys):
@@ -52,7 +43,7 @@ def test_a_cpu_run_with_the_gpu_settings_trains_with_fused_adamw_and_kept_worker
             "fit",
             *CONFIGS,
             *SINGLE_PROCESS,
-            *TINY,
+            *(o for o in WORKLOADS["seq2seq"].quick_overrides if "data_dir" not in o),  # bench.py --quick's sizes
             f"--data.init_args.data_dir={tmp_path / 'cache'}",
             "--data.init_args.num_workers=1",  # by device, a CPU run has none: one, to see them kept
             "--trainer.accelerator=cpu",
