@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from benchmarks.lightning_only import BARE
 from benchmarks.workloads import ACCELERATORS, WORKLOADS, build, device_problem
 
 # The benchmark's seq2seq workload (benchmarks/bench.py's sizes) with the GPU settings after its configs.
@@ -71,16 +72,7 @@ def settings_in_effect(trainer: Trainer) -> dict:
 
 def plain_trainer(accelerator: str, precision: str, **kwargs) -> Trainer:
     """A Trainer with nothing of the template: no logger, progress bar, checkpointing or model summary."""
-    return Trainer(
-        accelerator=accelerator,
-        devices=1,
-        precision=precision,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    return Trainer(accelerator=accelerator, devices=1, precision=precision, **BARE, **kwargs)
 
 
 def main() -> None:

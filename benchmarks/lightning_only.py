@@ -24,20 +24,22 @@ from lightning.pytorch.strategies import DDPStrategy
 from benchmarks.timing import StepTimer
 from benchmarks.workloads import WORKLOADS, build, run_arguments
 
+# A Trainer with nothing of the template: no logger, progress bar, checkpointing or model summary.
+BARE = {"logger": False, "enable_progress_bar": False, "enable_checkpointing": False, "enable_model_summary": False}
+
 
 def main() -> None:
     args = run_arguments(__doc__, logged=True)
     arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir), args.accelerator)
     # seed_everything from the config, then the classes: the same initial weights as a template run.
     built = build([*arguments, f"--trainer.devices={args.processes}"])
-    bare = {"logger": False, "enable_progress_bar": False, "enable_checkpointing": False, "enable_model_summary": False}
     # The template's settings as its configs give them, read from the trainer the template built.
     logged = {
         "logger": TensorBoardLogger("logs", name="lightning", default_hp_metric=False),
         "log_every_n_steps": built.trainer.log_every_n_steps,
         "callbacks": [TQDMProgressBar(refresh_rate=built.trainer.progress_bar_callback.refresh_rate)],
     }
-    settings = logged if args.logged else bare
+    settings = logged if args.logged else BARE
     trainer = Trainer(
         accelerator=args.accelerator,
         devices=args.processes,
