@@ -54,7 +54,8 @@ node_command() {
 # What the check of node $1 runs over ssh: each problem has an exit status of its own. The checks of
 # run_ddp_train.sh come when it starts; a node that fails them stops the others at once.
 check_command() {
-    local rank=$1 versions='import torch, lightning; print("versions:", torch.__version__, lightning.__version__)'
+    # Their installed versions, read without importing them (seconds of CPU on every host).
+    local rank=$1 versions='from importlib.metadata import version; print("versions:", version("torch"), version("lightning"))'
     printf '%s; ' "cd $(quote "$PROJECT_DIR") 2>/dev/null || exit 90" "test -f scripts/run_ddp_train.sh || exit 91" \
         "$(quote "${PYTHON:-python}") -c $(single_quote "$versions") || exit 92"
     # What MASTER_ADDR is on the master itself: Debian and Ubuntu map a machine's own name to 127.0.1.1.
@@ -89,7 +90,7 @@ check_hosts() {
             0) ;;
             255) problems+=("cannot reach $where over ssh: $(last_line "$out"). Check that ssh $(quote "${ssh_options[@]}") ${hosts[i]} true logs in without a password or a question (the launcher never answers one): install a key (ssh-copy-id ${hosts[i]}), accept the host key once, or fix $hostfile.") ;;
             90 | 91) problems+=("$where has no copy of this project in $PROJECT_DIR$( ((status == 90)) || echo " (no scripts/run_ddp_train.sh)"). Put the project there (the same commit as here), or set PROJECT_DIR to where it is on every host.") ;;
-            92) problems+=("on $where, ${PYTHON:-python} cannot import torch and lightning: $(last_line "$out"). Install requirements.txt there, or set PYTHON to the Python that has them (a command run over ssh activates no virtual environment: PYTHON=/path/to/venv/bin/python).") ;;
+            92) problems+=("on $where, ${PYTHON:-python} does not have torch and lightning installed: $(last_line "$out"). Install requirements.txt there, or set PYTHON to the Python that has them (a command run over ssh activates no virtual environment: PYTHON=/path/to/venv/bin/python).") ;;
             *) problems+=("checking $where failed with status $status: $(last_line "$out")") ;;
         esac
         ((status == 0)) || continue

@@ -191,13 +191,20 @@ if [[ -n ${MIN_NODES:-} ]]; then
 fi
 dry_run=0
 [[ -z ${DRY_RUN:-} || $DRY_RUN == 0 ]] || dry_run=1
-# Before the config's parse, which imports Lightning: torch alone tells whether this node has the GPUs.
+# Before anything imports Lightning: torch alone tells whether this node has the GPUs.
 if [[ $accelerator == gpu ]] && ((!dry_run)); then
     CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" -m scripts.gpu_check "$procs_per_node" || exit 2
 fi
-parse_config
-nodes=$num_nodes
-[[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
+# Lightning's launcher: training parses and checks the config first thing, before it waits for any other node, so a
+# mistake stops every node at once without a parse of its own here, which would import Lightning once more on every
+# start. torchrun's rendezvous needs the config's num_nodes and min_nodes; a dry run shows them.
+if [[ $LAUNCHER == torchrun ]] || ((dry_run)); then
+    parse_config
+    nodes=$num_nodes
+    [[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
+else
+    nodes=${NUM_NODES:-"the config's trainer.num_nodes"}
+fi
 export_node_environment
 # Training names this command, with the environment it depends on, as the one that resumes the job after it lost
 # a node: the same on every node but for the node rank.
@@ -266,7 +273,8 @@ if [[ -n ${DETACH:-} && $DETACH != 0 ]]; then
     exit 0
 fi
 
-((NODE_RANK == 0)) || wait_for_master
+# Lightning's launcher: training waits for the master itself (CONNECT_TIMEOUT), once it has checked the config.
+[[ $LAUNCHER != torchrun ]] || ((NODE_RANK == 0)) || wait_for_master
 
 mkdir -p "$LOG_DIR"
 launch_id="$(hostname)-$$-$(date +%s%N)"

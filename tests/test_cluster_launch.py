@@ -194,9 +194,9 @@ def test_a_killed_launcher_stops_every_node_and_spares_a_job_with_the_same_comma
 def test_hosts_that_are_not_ready_are_named_before_anything_starts(cluster, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("10.231.0.1\nroot@10.231.0.2\n10.231.0.3\n")  # nothing answers at 10.231.0.3
-    older = tmp_path / "older" / "lightning"
+    older = tmp_path / "older" / "lightning-2.0.0.dist-info"  # what pip leaves of an installed Lightning 2.0.0
     older.mkdir(parents=True)
-    (older / "__init__.py").write_text('__version__ = "2.0.0"\n')
+    (older / "METADATA").write_text("Metadata-Version: 2.1\nName: lightning\nVersion: 2.0.0\n")
     python = tmp_path / "python"  # the Python of host 1 finds an older Lightning
     python.write_text(
         f'#!/bin/sh\ncase "$SSH_CONNECTION" in *" 10.231.0.2 22") export PYTHONPATH={older.parent} ;; esac\n'

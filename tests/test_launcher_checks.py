@@ -1,8 +1,8 @@
 """scripts/run_ddp_train.sh stops before launching anything: every kind of bad input, a rank 0 started on the
-wrong host, and the dry run. No training process starts here; tests/test_launcher.py runs real jobs."""
+wrong host, and the dry run; and the mistakes that only the config shows stop the training process before it
+trains. tests/test_launcher.py runs real jobs."""
 
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -28,9 +28,9 @@ MIG_IDS = ["MIG-c7384736-a75d-5afc-978f-d2f1294409fd", "MIG-GPU-8932f937-d72c-41
 # Empty means unset to the launcher: what the test machine's environment sets must not leak into a case.
 NOT_SET = {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": ""}
 
-# The cases that get as far as parsing the config, which imports Lightning: a few seconds each. What the launcher
-# makes of GPUS and the settings before that is checked in bash alone (validated below); the two dry runs show
-# that it is what the launcher exports and runs.
+# The cases that import torch or Lightning: a few seconds each. What the launcher makes of GPUS and the settings
+# before that is checked in bash alone (validated below); the dry runs, which parse the config, show that it is what
+# the launcher exports and runs. The last four start the training process, which parses the config itself.
 PARSING = {
     "dry run, GPUs": (
         ("2,3", "0", "--trainer.max_epochs=7"),
@@ -45,28 +45,32 @@ PARSING = {
         ("cpu:2", "1"),
         {"DRY_RUN": "1", "LAUNCHER": "torchrun", "MIN_NODES": "2", "NUM_NODES": "3", "ELASTIC_WAIT": "45"},
     ),
+    "GPUs this node lacks": (("0,1", "0"), {"CUDA_VISIBLE_DEVICES": ""}),
+}
+IN_TRAINING = {
     "rank 1 of 1 node": (("cpu:1", "1"), {}),
     "config error": (("cpu:1", "0", "--trainer.max_epochz=3"), {}),
     "run id that is a path": (("cpu:1", "0"), {"RUN_ID": "../../elsewhere"}),
-    "GPUs this node lacks": (("0,1", "0"), {"CUDA_VISIBLE_DEVICES": ""}),
     "unreachable master": (("cpu:1", "1"), {"NUM_NODES": "2", "MASTER_PORT": str(free_port()), "CONNECT_TIMEOUT": "3"}),
 }
 
 
 @pytest.fixture(scope="module")
-def parsed(node):
-    """Every case of PARSING, started together so their imports share the cores: (status, stdout, stderr, seconds
-    it ran)."""
+def parsed(node, tmp_path_factory):
+    """Every case of PARSING and IN_TRAINING, started together so their imports share the cores: (status, stdout,
+    stderr, seconds it ran). The IN_TRAINING cases run in a copy of the project of their own."""
+    trained = copy_project(tmp_path_factory.mktemp("trained"))
     started = time.monotonic()
     processes = {
         case: subprocess.Popen(
-            [str(node / "scripts" / "run_ddp_train.sh"), *args],
+            [str(project / "scripts" / "run_ddp_train.sh"), *args],
             env=launcher_env(**settings),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for case, (args, settings) in PARSING.items()
+        for project, cases in ((node, PARSING), (trained, IN_TRAINING))
+        for case, (args, settings) in cases.items()
     }
 
     def finish(process: subprocess.Popen) -> tuple[int, str, str, float]:
@@ -76,6 +80,7 @@ def parsed(node):
     with ThreadPoolExecutor(len(processes)) as pool:
         results = dict(zip(processes, pool.map(finish, processes.values()), strict=True))
     assert not (node / "logs").exists(), "something was launched or logged"
+    assert [path.name for path in (trained / "logs").iterdir()] == ["nodes"], "a run directory was made"
     return results
 
 
@@ -89,6 +94,17 @@ def failed(parsed: dict, case: str) -> str:
     status, out, err, _ = parsed[case]
     assert status != 0, out + err
     return err
+
+
+def stopped_in_training(parsed: dict, case: str) -> str:
+    """The paragraph of a case of IN_TRAINING, whose training process refused it before training."""
+    status, out, err, _ = parsed[case]
+    rank = IN_TRAINING[case][0][1]
+    assert status != 0, out + err
+    assert err.rstrip().endswith(f"training exited with status {status}; its output is in logs/nodes/node{rank}.log")
+    assert "Traceback" not in out, out
+    [paragraph] = [line for line in out.splitlines() if line.startswith("error: ")]
+    return paragraph
 
 
 def exported(out: str) -> dict[str, str]:
@@ -189,8 +205,8 @@ def test_an_elastic_job_gives_torchrun_a_range_of_nodes_and_the_strategy_its_lea
 
 
 def test_node_rank_must_be_below_num_nodes(parsed):
-    err = failed(parsed, "rank 1 of 1 node")
-    assert "NODE_RANK=1 is out of range: the config has trainer.num_nodes=1, so node ranks are 0..0" in err
+    paragraph = stopped_in_training(parsed, "rank 1 of 1 node")
+    assert "NODE_RANK=1 is out of range: the config has trainer.num_nodes=1, so node ranks are 0..0" in paragraph
 
 
 def test_node_rank_must_be_below_num_nodes_from_the_environment_before_the_config_is_parsed(node):
@@ -198,14 +214,13 @@ def test_node_rank_must_be_below_num_nodes_from_the_environment_before_the_confi
     assert "NODE_RANK=2 is out of range: NUM_NODES=2, so node ranks are 0..1" in err
 
 
-def test_config_error_stops_before_launch(parsed):
-    err = failed(parsed, "config error")
-    assert "trainer.max_epochz" in err and "Nothing was launched" in err
+def test_config_error_stops_before_training(parsed):
+    assert stopped_in_training(parsed, "config error") == "error: unrecognized arguments: --trainer.max_epochz=3"
 
 
-def test_a_run_id_that_is_a_path_stops_before_launch(parsed, node):
-    err = failed(parsed, "run id that is a path")
-    assert "RUN_ID='../../elsewhere' is not a run name: use letters, digits" in err and "Nothing was launched" in err
+def test_a_run_id_that_is_a_path_stops_before_training(parsed, node):
+    paragraph = stopped_in_training(parsed, "run id that is a path")
+    assert "RUN_ID='../../elsewhere' is not a run name: use letters, digits" in paragraph
     assert not (node.parent.parent / "elsewhere").exists()
 
 
@@ -230,12 +245,15 @@ def test_gpu_check_says_a_process_sees_one_mig_device(monkeypatch):
 
 
 def test_unreachable_master_fails_after_the_timeout(parsed):
-    err = failed(parsed, "unreachable master")
+    paragraph = stopped_in_training(parsed, "unreachable master")
     # How much longer it ran than a case that stops right after the same parse: the wait, under CONNECT_TIMEOUT=3
     # rather than the 300 of scripts/cluster.env.
     assert parsed["unreachable master"][3] - parsed["rank 1 of 1 node"][3] < 150
-    assert re.search(r"node 1 cannot reach the master at 127\.0\.0\.1:\d+ after 3s", err)
-    assert "open in the master's firewall" in err
+    port = IN_TRAINING["unreachable master"][1]["MASTER_PORT"]
+    assert paragraph.startswith(
+        f"error: node 1 cannot reach the master at 127.0.0.1:{port} after CONNECT_TIMEOUT 0:00:03. Check that node 0 "
+    )
+    assert f"the master's firewall lets this node reach that port (e.g. sudo ufw allow {port}/tcp)" in paragraph
 
 
 def test_rank_zero_must_run_on_the_master(node, two_hosts):

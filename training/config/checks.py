@@ -13,7 +13,7 @@ from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
 from training.checkpoints.schedule_end import schedule_outrun
 from training.config.gpu_support import bf16_problem
-from training.config.network import gloo_interface_problem
+from training.config.network import gloo_interface_problem, node_rank_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
 from training.config.trainer_settings import combination_problem, trainer_problem
@@ -49,6 +49,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or mlflow_problem(settings)
         or logger_problem(settings)
         or unwritable_problem(settings)
+        or node_rank_problem(settings)
         or gloo_interface_problem(settings)
     )
 

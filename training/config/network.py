@@ -1,12 +1,29 @@
-"""The network interface gloo is told to use, checked before anything starts: torch reads ``GLOO_SOCKET_IFNAME`` only
-as every process creates the process group, and an interface this machine lacks ends there in a traceback from
-each of them."""
+"""The node's place in the job and the network interface gloo is told to use, from the environment, checked before
+anything starts: Lightning reads ``NODE_RANK`` and torch ``GLOO_SOCKET_IFNAME`` only as every process joins the job,
+where a node rank past the last node waits for a node that never comes, and an interface this machine lacks ends in
+a traceback from each process."""
 
 import os
 import socket
 from typing import Any
 
 from training.config.trainer_settings import runs_on_cpu
+
+
+def node_rank_problem(settings: dict[str, Any]) -> str | None:
+    """The paragraph when ``NODE_RANK`` (scripts/run_ddp_train.sh sets it, Lightning reads it) is not a node of the job
+    of ``settings`` (a subcommand's config, a dict), or None. torchrun numbers its nodes itself."""
+    given = os.environ.get("NODE_RANK")
+    if given is None or "TORCHELASTIC_RUN_ID" in os.environ:
+        return None
+    num_nodes = (settings.get("trainer") or {}).get("num_nodes", 1)
+    if given.isdigit() and int(given) < num_nodes:
+        return None
+    return (
+        f"NODE_RANK={given} is out of range: the config has trainer.num_nodes={num_nodes}, so node ranks are "
+        f"0..{num_nodes - 1}. Edit num_nodes in the config (or set NUM_NODES for scripts/run_ddp_train.sh) on every "
+        "node, or give this node its rank in that range. Nothing was started."
+    )
 
 
 def gloo_interface_problem(settings: dict[str, Any]) -> str | None:

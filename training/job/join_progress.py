@@ -36,8 +36,8 @@ class WaitReport:
             sys.stderr.flush()
 
 
-def waited_of(waited: float, timeout: timedelta) -> str:
-    return f"{timedelta(seconds=int(waited))} waited of join_timeout {timeout}"
+def waited_of(waited: float, timeout: timedelta, setting: str = "join_timeout") -> str:
+    return f"{timedelta(seconds=int(waited))} waited of {setting} {timeout}"
 
 
 def waiting(

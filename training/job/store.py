@@ -18,13 +18,14 @@ def connect(
     host: str, port: int, leader: bool, timeout: timedelta, node: str, abandoned: Callable[[], str] = str
 ) -> Store:
     """The store, served by this process when it is the ``leader`` (global rank 0) outside torchrun; a port that is
-    taken or a master that cannot be reached within ``timeout`` is a StartupError naming ``node`` and the fix.
+    taken or a master that cannot be reached in time (``timeout``, or CONNECT_TIMEOUT: master_wait) is a
+    StartupError naming ``node`` and the fix.
     ``abandoned`` says why this process stops waiting for the master before then ("" while it waits on)."""
     address = f"{host}:{port}"
     prefix = attempt_prefix()
     serve = leader and prefix is None
     if not serve:
-        _await_master(host, port, timeout, node, abandoned)
+        _await_master(host, port, *master_wait(timeout), node, abandoned)
     try:
         store = TCPStore(host, port, is_master=serve, timeout=timeout, wait_for_workers=False)
     except RuntimeError as error:
@@ -33,11 +34,27 @@ def connect(
                 f"global rank 0 cannot listen on {address}: {error}. Another job (or an earlier run still "
                 "shutting down) holds the port: stop it, or choose another MASTER_PORT on every node."
             ) from error
-        raise StartupError(_unreachable(node, address, timeout, f": {error}")) from error
+        raise StartupError(_unreachable(node, address, f"within {timeout}", f": {error}")) from error
     return PrefixStore(prefix, store) if prefix else store
 
 
-def _await_master(host: str, port: int, timeout: timedelta, node: str, abandoned: Callable[[], str]) -> None:
+def master_wait(join_timeout: timedelta) -> tuple[timedelta, str]:
+    """How long a process waits for the master's port to open, and the setting that says so: ``CONNECT_TIMEOUT``
+    seconds (scripts/cluster.env's, which the launcher exports) where it is set and shorter, else join_timeout."""
+    given = os.environ.get("CONNECT_TIMEOUT", "")
+    if not given:
+        return join_timeout, "join_timeout"
+    if not given.isdigit():
+        raise StartupError(
+            f"CONNECT_TIMEOUT={given} is not a number of seconds. Fix it in scripts/cluster.env or the environment."
+        )
+    connect_timeout = timedelta(seconds=int(given))
+    return (connect_timeout, "CONNECT_TIMEOUT") if connect_timeout < join_timeout else (join_timeout, "join_timeout")
+
+
+def _await_master(
+    host: str, port: int, timeout: timedelta, setting: str, node: str, abandoned: Callable[[], str]
+) -> None:
     """Knock on the master's port until it answers: TCPStore's own wait cannot be interrupted (a stop signal, the
     end of the process that started this one) and prints a C++ trace for each of its retries."""
     report = WaitReport() if own_local_rank() == 0 else None
@@ -58,20 +75,23 @@ def _await_master(host: str, port: int, timeout: timedelta, node: str, abandoned
                 raise StartupError(why)
             waited = time.monotonic() - started
             if waited > timeout.total_seconds():
-                raise StartupError(_unreachable(node, f"{host}:{port}", timeout, ""))
+                raise StartupError(_unreachable(node, f"{host}:{port}", f"after {setting} {timeout}", ""))
             if report and report.due <= waited:
-                report.show(waited, f"{node} waits for the master at {host}:{port}: {waited_of(waited, timeout)}.")
+                report.show(
+                    waited, f"{node} waits for the master at {host}:{port}: {waited_of(waited, timeout, setting)}."
+                )
             time.sleep(0.1)
     finally:
         if report:
             report.close()
 
 
-def _unreachable(node: str, address: str, timeout: timedelta, error: str) -> str:
+def _unreachable(node: str, address: str, waited: str, error: str) -> str:
+    port = address.rsplit(":", 1)[1]
     return (
-        f"{node} cannot reach the master at {address} within {timeout}{error}. Check that node 0 is running, that "
-        "every node uses the same MASTER_ADDR and MASTER_PORT, and that the master's firewall lets this node reach "
-        "that port; then run the same command on every node again."
+        f"{node} cannot reach the master at {address} {waited}{error}. Check that node 0 is running, that every "
+        "node uses the same MASTER_ADDR and MASTER_PORT, and that the master's firewall lets this node reach that "
+        f"port (e.g. sudo ufw allow {port}/tcp); then run the same command on every node again. Nothing was trained."
     )
 
 
