@@ -14,9 +14,11 @@ import pytest
 from torch.distributed import HashStore
 
 from tests.helpers import DDP_YAML, REPO, copy_project, free_port, launch, processes_in, run_script
+from training.config.network import node_rank_problem
 from training.job import join_progress
 from training.job.roster import Member
 from training.job.startup import StartupError, handshake
+from training.job.store import master_wait
 
 FACTS = {"num_nodes": 2, "devices per node": 2, "config": {"trainer.max_epochs": "5", "model.lr": "0.1"}}
 
@@ -249,3 +251,34 @@ def test_a_master_port_another_program_holds_stops_every_process_of_the_node_wit
     assert last.endswith("stop it, or choose another MASTER_PORT on every node.")
     assert "Traceback" not in text and "TCPStore.cpp" not in text
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_worker_waits_for_the_master_for_connect_timeout_where_it_is_set_and_shorter(monkeypatch):
+    join_timeout = timedelta(minutes=10)
+    monkeypatch.delenv("CONNECT_TIMEOUT", raising=False)
+    assert master_wait(join_timeout) == (join_timeout, "join_timeout")
+    monkeypatch.setenv("CONNECT_TIMEOUT", "300")
+    assert master_wait(join_timeout) == (timedelta(minutes=5), "CONNECT_TIMEOUT")
+    monkeypatch.setenv("CONNECT_TIMEOUT", "900")
+    assert master_wait(join_timeout) == (join_timeout, "join_timeout")
+    monkeypatch.setenv("CONNECT_TIMEOUT", "5m")
+    with pytest.raises(StartupError, match=r"^CONNECT_TIMEOUT=5m is not a number of seconds\. Fix it in "):
+        master_wait(join_timeout)
+
+
+def test_a_node_rank_past_the_last_node_is_refused_unless_torchrun_numbers_the_nodes(monkeypatch):
+    two_nodes = {"trainer": {"num_nodes": 2}}
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv("NODE_RANK", raising=False)
+    assert node_rank_problem(two_nodes) is None
+    monkeypatch.setenv("NODE_RANK", "1")
+    assert node_rank_problem(two_nodes) is None
+    assert node_rank_problem({"trainer": {}}).startswith(
+        "NODE_RANK=1 is out of range: the config has trainer.num_nodes=1, so node ranks are 0..0. Edit num_nodes"
+    )
+    monkeypatch.setenv("NODE_RANK", "one")
+    assert node_rank_problem(two_nodes).startswith(
+        "NODE_RANK=one is not a node rank: the config has trainer.num_nodes=2"
+    )
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "ddp")
+    assert node_rank_problem(two_nodes) is None

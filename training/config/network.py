@@ -19,8 +19,9 @@ def node_rank_problem(settings: dict[str, Any]) -> str | None:
     num_nodes = (settings.get("trainer") or {}).get("num_nodes", 1)
     if given.isdigit() and int(given) < num_nodes:
         return None
+    wrong = "is out of range" if given.isdigit() else "is not a node rank"
     return (
-        f"NODE_RANK={given} is out of range: the config has trainer.num_nodes={num_nodes}, so node ranks are "
+        f"NODE_RANK={given} {wrong}: the config has trainer.num_nodes={num_nodes}, so node ranks are "
         f"0..{num_nodes - 1}. Edit num_nodes in the config (or set NUM_NODES for scripts/run_ddp_train.sh) on every "
         "node, or give this node its rank in that range. Nothing was started."
     )
