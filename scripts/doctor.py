@@ -346,9 +346,12 @@ def main() -> None:
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         sys.exit(1)
     config = config_items(yaml.safe_load(Path(args.config).read_text()))
-    warned = mp.get_context("spawn").Event()
+    # GPU processes start afresh: CUDA, which check_node has set up here, does not survive a fork. On CPU a forked
+    # process skips the seconds of importing torch again.
+    start_method = "spawn" if args.accelerator == "gpu" else "fork"
+    warned = mp.get_context(start_method).Event()
     try:
-        mp.start_processes(process, args=(args, config, warned), nprocs=args.nproc, start_method="spawn")
+        mp.start_processes(process, args=(args, config, warned), nprocs=args.nproc, start_method=start_method)
     except mp.ProcessExitedException:
         healthy = False
     if not healthy:
