@@ -387,6 +387,10 @@ def test_a_detached_node_resumes_and_its_stop_saves_last_ckpt(node, port, launch
     stop = stop_line([line for line in log.splitlines() if line.startswith("Stopped by")][-1])
     assert stop[1] == "Ctrl-C (SIGINT)"
     assert stop[2] == "1" and detached["checkpoint"]["global_step"] == int(stop[3]) >= HANGUP_STEP
+    # The launcher passed the Ctrl-C on once, to the process it started, which saved and stopped its node's others.
+    assert "node 0: interrupted, stopping training: sending SIGINT to" in log
+    assert "KeyboardInterrupt" not in log
+    assert "still running after" not in log, "training ignored the signal and was killed"
     assert_everything_stopped(node, port)
 
 

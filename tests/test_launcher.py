@@ -2,7 +2,6 @@
 before launching anything is in tests/test_launcher_checks.py."""
 
 import os
-import re
 import signal
 import subprocess
 from pathlib import Path
@@ -111,25 +110,6 @@ def start_long_run(node: Path, gpus: str = "cpu:2", **settings: str) -> subproce
     )
     wait_for_step(progress, 5)
     return process
-
-
-def test_ctrl_c_to_the_launcher_stops_every_process(tmp_path):
-    node = copy_project(tmp_path / "node")
-    port = str(free_port())
-    process = start_long_run(node, MASTER_PORT=port, STOP_TIMEOUT="120")
-    training = processes_in(node)
-    assert len(training) >= 2
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=180)
-    assert "interrupted, stopping training: sending SIGINT to" in output
-    # A stop request, as SIGTERM is (tests/test_fault_tolerance.py), that ends as a shell's Ctrl-C does.
-    assert process.returncode == 130
-    assert re.search(
-        r"Stopped by Ctrl-C \(SIGINT\) at epoch 0, step \d+: saved logs/toy/default/checkpoints/last.ckpt", output
-    )
-    assert "KeyboardInterrupt" not in output
-    assert "still running after" not in output, "training ignored the signal and was killed"
-    assert_everything_stopped(node, port)
 
 
 def test_a_killed_worker_process_stops_the_whole_node(tmp_path):
