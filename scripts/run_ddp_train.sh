@@ -22,7 +22,7 @@
 #                       with the nodes it has after it lost one (overrides strategy min_nodes of the config)
 #   ELASTIC_WAIT=30     with MIN_NODES: seconds the rendezvous waits for more nodes once MIN_NODES are there
 #   DEBUG=1             turn on PyTorch's and NCCL's distributed debugging output and NCCL trace dumps
-#   DRY_RUN=1           print this node's environment and command, then exit
+#   DRY_RUN=1           print this node's environment and command, then exit (scripts/doctor.sh checks the config)
 #   STOP_TIMEOUT=30     seconds between forwarding Ctrl-C/SIGTERM/SIGHUP to training and killing it
 #   FROZEN_TIMEOUT=300  seconds training may stay stopped (SIGSTOP, a debugger gone) before it is killed; 0: never
 #   DETACH=1            run this node in the background, on after its terminal or ssh session closes: its output
@@ -197,8 +197,8 @@ if [[ $accelerator == gpu ]] && ((!dry_run)); then
 fi
 # Lightning's launcher: training parses and checks the config first thing, before it waits for any other node, so a
 # mistake stops every node at once without a parse of its own here, which would import Lightning once more on every
-# start. torchrun's rendezvous needs the config's num_nodes and min_nodes; a dry run shows them.
-if [[ $LAUNCHER == torchrun ]] || ((dry_run)); then
+# start. torchrun's rendezvous needs the config's num_nodes and min_nodes.
+if [[ $LAUNCHER == torchrun ]]; then
     parse_config
     nodes=$num_nodes
     [[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
