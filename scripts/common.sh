@@ -246,8 +246,8 @@ validate_node() {
 }
 
 # Parse the whole config in a process of its own, for what needs its values before training starts (torchrun's
-# rendezvous, a dry run, the doctor). Sets resolved (the config as YAML), num_nodes and min_nodes (the strategy's,
-# empty when unset).
+# rendezvous, the doctor). Sets resolved (the config as YAML), num_nodes and min_nodes (the strategy's, empty when
+# unset).
 parse_config() {
     resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \
         || die "the config above does not parse (cli.py ${cli_args[*]}). Nothing was launched."

@@ -201,7 +201,7 @@ fi
 if [[ $LAUNCHER == torchrun ]]; then
     parse_config
     nodes=$num_nodes
-    [[ $LAUNCHER != torchrun || -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
+    [[ -z $min_nodes ]] || nodes=$min_nodes:$num_nodes
 else
     nodes=${NUM_NODES:-"the config's trainer.num_nodes"}
 fi
