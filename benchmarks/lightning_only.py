@@ -33,13 +33,7 @@ def main() -> None:
     arguments = WORKLOADS[args.workload].arguments(args.quick, Path(args.data_dir), args.accelerator)
     # seed_everything from the config, then the classes: the same initial weights as a template run.
     built = build([*arguments, f"--trainer.devices={args.processes}"])
-    # The template's settings as its configs give them, read from the trainer the template built.
-    logged = {
-        "logger": TensorBoardLogger("logs", name="lightning", default_hp_metric=False),
-        "log_every_n_steps": built.trainer.log_every_n_steps,
-        "callbacks": [TQDMProgressBar(refresh_rate=built.trainer.progress_bar_callback.refresh_rate)],
-    }
-    settings = logged if args.logged else BARE
+    settings = logged_like(built.trainer) if args.logged else BARE
     trainer = Trainer(
         accelerator=args.accelerator,
         devices=args.processes,
@@ -50,6 +44,16 @@ def main() -> None:
         **{**settings, "callbacks": [*settings.get("callbacks", []), StepTimer(args.out)]},
     )
     trainer.fit(built.model, datamodule=built.datamodule)
+
+
+def logged_like(template: Trainer) -> dict:
+    """The template's logger, log interval and progress bar as its configs give them, read from the trainer the
+    template built: Lightning's settings for a run that logs the same."""
+    return {
+        "logger": TensorBoardLogger("logs", name="lightning", default_hp_metric=False),
+        "log_every_n_steps": template.log_every_n_steps,
+        "callbacks": [TQDMProgressBar(refresh_rate=template.progress_bar_callback.refresh_rate)],
+    }
 
 
 if __name__ == "__main__":
