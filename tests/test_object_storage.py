@@ -1,7 +1,8 @@
 """logs/ in an object store: a 2-process run writing to an S3 bucket (moto's S3 server on loopback, in a process of
 its own that outlives the job), killed, resumed by the same command from the bucket, then validated, tested and
 predicted from the checkpoint there; a run resumed from its best checkpoint keeps that file; last.ckpt there is the
-latest state when the monitored metric stops improving."""
+latest state when the monitored metric stops improving. s3fs and moto come from requirements-s3-tests.txt, on the
+PYTHONPATH of this file's processes alone (tests.helpers.s3_path)."""
 
 import logging
 import os
@@ -23,6 +24,7 @@ from tests.helpers import (
     probe_args,
     probe_records,
     run_script,
+    s3_path,
     serve,
     wait_for_hold,
 )
@@ -52,12 +54,15 @@ def fit_args(*extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
+    aside = s3_path()
+    sys.path.insert(0, aside)
     import s3fs
 
     port = free_port()
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), aside])}
     log = tmp_path_factory.mktemp("s3") / "moto.log"
-    server = serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, log)
-    env = {
+    server = serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, log, env=env)
+    env |= {
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
@@ -68,6 +73,7 @@ def s3(tmp_path_factory):
     yield SimpleNamespace(env=env, fs=fs)
     server.kill()
     server.wait()
+    sys.path.remove(aside)
 
 
 def files(s3, prefix: str) -> list[str]:
@@ -97,7 +103,7 @@ def killed(s3, workdir):
     process = subprocess.Popen(
         [sys.executable, str(REPO / "cli.py"), *args, f"--trainer.callbacks.hold_file={hold}"],
         cwd=workdir,
-        env={**os.environ, "PYTHONPATH": str(REPO), **s3.env},
+        env={**os.environ, **s3.env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

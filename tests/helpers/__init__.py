@@ -77,30 +77,38 @@ def pip_install(python: Path | str, *args: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def charts_path() -> str:
-    """A directory for the PYTHONPATH of a process that draws a chart, holding matplotlib: where this Python imports
-    it already (a GPU machine's image often has it), the directory it comes from; else requirements-charts.txt
-    installed once into a directory of its own. The tests' environment leaves matplotlib out, as requirements.txt
-    does, so that no other process imports it."""
-    installed = importlib.util.find_spec("matplotlib")
-    if installed is not None and installed.origin is not None:
-        return str(Path(installed.origin).parents[1])
-    charts = REPO / "requirements-charts.txt"
+def installed_aside(requirements: str, modules: tuple[str, ...], needs: str) -> str:
+    """A directory for the PYTHONPATH of a process that needs ``modules``, which the tests' environment leaves out so
+    that no other process imports them: where this Python imports them already (a GPU machine's image often has
+    matplotlib), the directories they come from; else ``requirements`` (which pins all they need beyond
+    requirements-dev.txt) installed once into a directory of its own. ``needs`` says why, should pip fail."""
+    found = [importlib.util.find_spec(module) for module in modules]
+    if all(spec is not None and spec.origin is not None for spec in found):
+        return os.pathsep.join(dict.fromkeys(str(Path(spec.origin).parents[1]) for spec in found))
+    pins = REPO / requirements
 
     def make(target: Path) -> None:
         command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps"]
-        done = run_script([*command, "--target", str(target), "-r", str(charts)], REPO, timeout=900)
+        done = run_script([*command, "--target", str(target), "-r", str(pins)], REPO, timeout=900)
         if done.returncode != 0:
             last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
             pytest.fail(
-                f"this test draws a chart with matplotlib, which {sys.executable} cannot import, and pip could not "
-                f"install {charts.name} ({' '.join(last)}). Install it into this Python (pip install -r "
-                f"{charts.name}; offline, from a folder of wheels: pip install --no-index --find-links WHEELS -r "
-                f"{charts.name}), or give pip an index it can reach.",
+                f"{needs}, which {sys.executable} cannot import, and pip could not install {requirements} "
+                f"({' '.join(last)}). Install it into this Python (pip install -r {requirements}; offline, from a "
+                f"folder of wheels: pip install --no-index --find-links WHEELS -r {requirements}), or give pip an "
+                "index it can reach.",
                 pytrace=False,
             )
 
-    return str(made_once(charts, "charts", make, holds="matplotlib"))
+    return str(made_once(pins, requirements.removeprefix("requirements-").removesuffix(".txt"), make, modules[0]))
+
+
+def charts_path() -> str:
+    return installed_aside("requirements-charts.txt", ("matplotlib",), "this test draws a chart with matplotlib")
+
+
+def s3_path() -> str:
+    return installed_aside("requirements-s3-tests.txt", ("s3fs", "moto"), "this test serves S3 with moto and s3fs")
 
 
 def copy_project(dest: Path) -> Path:
@@ -267,11 +275,16 @@ def assert_everything_stopped(node: Path, port: str) -> None:
         listener.listen()
 
 
-def serve(command: list[str], port: int, log: Path, timeout: float = 120) -> subprocess.Popen:
-    """Start a server on 127.0.0.1:``port`` (its output in ``log``) and wait until it accepts connections. It runs
-    outside the test's directories, so a test's clean-up of training processes leaves it up, and outlives any job the
-    test kills."""
-    server = subprocess.Popen(command, cwd="/", stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+def serve(
+    command: list[str], port: int, log: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start a server on 127.0.0.1:``port`` (its output in ``log``, ``env`` added to its environment) and wait until
+    it accepts connections. It runs outside the test's directories, so a test's clean-up of training processes leaves
+    it up, and outlives any job the test kills."""
+    environment = {**os.environ, **(env or {})}
+    server = subprocess.Popen(
+        command, cwd="/", env=environment, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     deadline = time.monotonic() + timeout
     while True:
         try:
