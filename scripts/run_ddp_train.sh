@@ -278,8 +278,9 @@ fi
 
 mkdir -p "$LOG_DIR"
 launch_id="$(hostname)-$$-$(date +%s%N)"
+started=$(date '+%F %T') # once: the terminal and the log show the same header
 header() {
-    echo "==== $(date '+%F %T') node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
+    echo "==== $started node $NODE_RANK of $nodes, $procs_per_node process(es) ($GPUS), $LAUNCHER launcher"
     printf '%s\n' "${exports[@]}"
     quote "${command[@]}"
 }
