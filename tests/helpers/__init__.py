@@ -187,9 +187,8 @@ def probe_records(probe_dir: Path, world_size: int) -> list[dict]:
     return [torch.load(probe_dir / f"rank{rank}.pt") for rank in range(world_size)]
 
 
-def check_ranks(probe_dir: Path, nodes: int = 2, per_node: int = 2, atol: float = 0.0) -> list[dict]:
-    """World size ``nodes * per_node`` on gloo, disjoint shards covering the data, identical parameters (within
-    ``atol``)."""
+def check_ranks(probe_dir: Path, nodes: int = 2, per_node: int = 2) -> list[dict]:
+    """World size ``nodes * per_node`` on gloo, disjoint shards covering the data, identical parameters."""
     world_size = nodes * per_node
     records = probe_records(probe_dir, world_size)
     assert [(r["global_rank"], r["world_size"], r["backend"]) for r in records] == [
@@ -207,7 +206,7 @@ def check_ranks(probe_dir: Path, nodes: int = 2, per_node: int = 2, atol: float 
 
     for record in records[1:]:
         for name, value in records[0]["params"].items():
-            assert torch.allclose(value, record["params"][name], rtol=0.0, atol=atol), name
+            assert torch.equal(value, record["params"][name]), name
     return records
 
 

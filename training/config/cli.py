@@ -26,6 +26,7 @@ from training.job.fingerprint import config_items
 from training.job.forked import end_forked_with_this_process
 from training.job.node_processes import let_later_end, speaks_for_node
 from training.job.stop_signal import REQUESTS
+from training.job.vector_math import settle_vector_math
 from training.run.record import RunRecord, name_the_logger
 from training.strategy import DDPStrategy
 
@@ -125,6 +126,7 @@ class CLI(LightningCLI):
 
 def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     """Parse ``args`` (default: the command line) and run its subcommand with ``cli``."""
+    settle_vector_math()  # before training's ops run on several threads, and DataLoader workers fork
     use_omegaconf_loader()
     try:
         return cli(
