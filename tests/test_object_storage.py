@@ -55,25 +55,29 @@ def fit_args(*extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     aside = s3_path()
-    sys.path.insert(0, aside)
-    import s3fs
+    with pytest.MonkeyPatch.context() as patch:  # this worker imports s3fs too, until the module's tests end
+        patch.syspath_prepend(aside)
+        import s3fs
 
-    port = free_port()
-    env = {"PYTHONPATH": os.pathsep.join([str(REPO), aside])}
-    log = tmp_path_factory.mktemp("s3") / "moto.log"
-    server = serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, log, env=env)
-    env |= {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    fs = s3fs.S3FileSystem(endpoint_url=env["AWS_ENDPOINT_URL"], key="test", secret="test", skip_instance_cache=True)
-    fs.mkdir(BUCKET)
-    yield SimpleNamespace(env=env, fs=fs)
-    server.kill()
-    server.wait()
-    sys.path.remove(aside)
+        port = free_port()
+        env = {"PYTHONPATH": os.pathsep.join([str(REPO), aside])}
+        log = tmp_path_factory.mktemp("s3") / "moto.log"
+        server = serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, log, env=env)
+        try:
+            env |= {
+                "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                "AWS_ACCESS_KEY_ID": "test",
+                "AWS_SECRET_ACCESS_KEY": "test",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }
+            fs = s3fs.S3FileSystem(
+                endpoint_url=env["AWS_ENDPOINT_URL"], key="test", secret="test", skip_instance_cache=True
+            )
+            fs.mkdir(BUCKET)
+            yield SimpleNamespace(env=env, fs=fs)
+        finally:
+            server.kill()
+            server.wait()
 
 
 def files(s3, prefix: str) -> list[str]:
