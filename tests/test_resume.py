@@ -76,8 +76,8 @@ def test_a_checkpoint_file_of_another_model_than_the_one_given_is_refused_before
     )
     assert not (tmp_path / "logs" / "aux_head").exists()
     same = {"class_path": "models.ToyModel", "init_args": {"hidden_features": 16}}
-    assert given_settings_problem(checkpoint, same) is None
-    assert given_settings_problem(checkpoint, {"class_path": "models.ToyModel"}) is None
+    assert given_settings_problem(checkpoint, lambda: same) is None
+    assert given_settings_problem(checkpoint, lambda: {"class_path": "models.ToyModel"}) is None
 
 
 def fails(run_cli, capsys, *args: str) -> str:

@@ -3,6 +3,7 @@
 process that stopped alone on a checkpoint it cannot load would leave the others waiting in a collective."""
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,15 +46,16 @@ def model_mismatch(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor
     return "; ".join(parts)
 
 
-def given_settings_problem(ckpt_path: str | None, model: dict[str, Any]) -> str | None:
-    """The paragraph when the model settings given (``model``: its class_path and init_args, as given in the config
-    files and on the command line) differ from the hyperparameters of the checkpoint file ``ckpt_path``, or None.
+def given_settings_problem(ckpt_path: str | None, given_model: Callable[[], dict[str, Any]]) -> str | None:
+    """The paragraph when the model settings given (``given_model()``: its class_path and init_args, as given in the
+    config files and on the command line) differ from the hyperparameters of the checkpoint file ``ckpt_path``, or
+    None. ``given_model``, a parse of its own, is called only where ``ckpt_path`` is a file.
 
     LightningCLI builds the model from a checkpoint file's hyperparameters (its class included) over what the config
     gives: another class or other settings given for it would be dropped without a word, and the run would train or
     evaluate the checkpoint's model instead of the one asked for.
     """
-    if not ckpt_path or not os.path.isfile(ckpt_path) or not model:
+    if not ckpt_path or not os.path.isfile(ckpt_path) or not (model := given_model()):
         return None
     try:
         saved = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}

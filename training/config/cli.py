@@ -2,6 +2,7 @@
 given (one paragraph, no traceback). cli.py runs it."""
 
 import contextlib
+import functools
 import os
 import sys
 import warnings
@@ -17,7 +18,7 @@ from training.checkpoints.agreement import given_settings_problem
 from training.checkpoints.resume import resume_path, start_problem
 from training.config.checks import config_problem, instantiation_problem, refused_setting
 from training.config.kept_lists import lists_problem, turn_off
-from training.config.links import given_links, given_model, link_data_to_model, print_config_with_links, record_links
+from training.config.links import given_model, link_data_to_model, print_config_with_links, record_links
 from training.config.loader import use_omegaconf_loader
 from training.config.parser import Parser
 from training.config.trainer_settings import cores_warning
@@ -76,7 +77,8 @@ class CLI(LightningCLI):
         # Said once per node, by the process that starts the others: the run goes on.
         if subcommand and (warning := cores_warning(self.config[subcommand].as_dict())) and speaks_for_node():
             print(f"warning: {warning}", file=sys.stderr)
-        self.given_model = given_model(parser, args, subcommand) if subcommand else {}
+        # What was given for the model, apart from the defaults: a parse of its own, made only where a check needs it.
+        self.given_model = functools.cache(lambda: given_model(parser, args, subcommand) if subcommand else {})
         # LightningCLI builds the model a --ckpt_path file's hyperparameters describe, whatever was given instead.
         if subcommand and (problem := given_settings_problem(self.config[subcommand].ckpt_path, self.given_model)):
             parser.error(problem)
@@ -93,7 +95,7 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except (ValueError, MisconfigurationException) as error:  # a config error: no traceback
             self.parser.error(instantiation_problem(error))
-        if problem := record_links(self.config[self.subcommand], self.datamodule, given_links(self.given_model)):
+        if problem := record_links(self.config[self.subcommand], self.datamodule, self.given_model):
             self.parser.error(problem)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

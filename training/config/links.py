@@ -12,6 +12,7 @@ import json
 import re
 import sys
 from argparse import ArgumentError
+from collections.abc import Callable
 from typing import Any
 
 from jsonargparse import ArgumentParser, Namespace
@@ -52,12 +53,6 @@ def given_model(parser: ArgumentParser, args: Any, subcommand: str) -> dict[str,
     return model.as_dict() if isinstance(model, Namespace) else {}
 
 
-def given_links(model: dict[str, Any]) -> dict[str, Any]:
-    """The linked arguments that ``model`` (as ``given_model`` returns it) gives a value: ``{argument: value}``."""
-    init_args = model.get("init_args") or {}
-    return {target: init_args[target] for target in LINKS.values() if target in init_args}
-
-
 def linked_values(config: Namespace, datamodule: Any) -> dict[str, Any]:
     """What the links give the model of ``config`` (a subcommand's) from ``datamodule``: ``{argument: value}``."""
     init_args = config.get("model.init_args")
@@ -68,15 +63,22 @@ def linked_values(config: Namespace, datamodule: Any) -> dict[str, Any]:
     }
 
 
-def link_problem(given: dict[str, Any], linked: dict[str, Any], config: Namespace) -> str | None:
-    """The paragraph for the values in ``given`` that differ from the data's (``linked``), or None."""
+def link_problem(given: Callable[[], dict[str, Any]], linked: dict[str, Any], config: Namespace) -> str | None:
+    """The paragraph for the linked arguments given (``given()``: the model section, as ``given_model`` returns it)
+    that differ from the data's (``linked``), or None. ``config`` (a subcommand's) holds each argument's given value,
+    or else the model's default: only where that differs from the data's can a given value differ, so only then is
+    ``given``, a parse of its own, called."""
+    if all(config.get(f"model.init_args.{target}") == value for target, value in linked.items()):
+        return None
+    init_args = given().get("init_args") or {}
+    values = {target: init_args[target] for target in LINKS.values() if target in init_args}
     sources = {target: source for source, target in LINKS.items()}
-    clashes = [target for target in linked if target in given and given[target] != linked[target]]
+    clashes = [target for target in linked if target in values and values[target] != linked[target]]
     if not clashes:
         return None
     data = config.get("data.class_path")
     told = "; ".join(
-        f"model.init_args.{target}={given[target]!r} is given, but {data} has {sources[target]}={linked[target]!r}"
+        f"model.init_args.{target}={values[target]!r} is given, but {data} has {sources[target]}={linked[target]!r}"
         for target in clashes
     )
     names = ", ".join(f"model.init_args.{target}" for target in clashes)
@@ -86,9 +88,10 @@ def link_problem(given: dict[str, Any], linked: dict[str, Any], config: Namespac
     )
 
 
-def record_links(config: Namespace, datamodule: Any, given: dict[str, Any]) -> str | None:
+def record_links(config: Namespace, datamodule: Any, given: Callable[[], dict[str, Any]]) -> str | None:
     """Write the values the model of ``config`` (a subcommand's, which ``config.yaml`` records) got from
-    ``datamodule`` into ``config``; or the paragraph for the values in ``given`` that differ, written nowhere."""
+    ``datamodule`` into ``config``; or the paragraph for the values given (``given()``) that differ, written
+    nowhere."""
     linked = linked_values(config, datamodule)
     if problem := link_problem(given, linked, config):
         return problem
@@ -141,7 +144,7 @@ def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> N
             )
         return
     linked = linked_values(config[subcommand], datamodule)
-    if problem := link_problem(given_links(given_model(parser, rest, subcommand)), linked, config[subcommand]):
+    if problem := link_problem(lambda: given_model(parser, rest, subcommand), linked, config[subcommand]):
         parser.error(problem)
     values = [f"--model.init_args.{target}={json.dumps(value)}" for target, value in linked.items()]
     parser.parse_args([*rest, *values, *(arg for arg in args if PRINT_CONFIG.fullmatch(arg))])
