@@ -165,14 +165,8 @@ parse_gpus() {
     fi
 }
 
-# Validate GPUS NODE_RANK [cli.py arguments...] and the settings, check the network to the master, then
-# parse the config; stop with the problem and its fix before anything starts.
-prepare_node() {
-    validate_node "$@"
-    parse_config
-}
-
-# Every check of prepare_node but the config's, which imports Lightning: the fast ones, in bash alone. Sets GPUS,
+# Validate GPUS NODE_RANK [cli.py arguments...], the settings and the network to the master, in bash alone (the
+# config's parse imports Lightning); stop with the problem and its fix before anything starts. Sets GPUS,
 # NODE_RANK, procs_per_node, accelerator, visible_devices, settings, cli_args, master_ip, interface, master_side
 # (local on the master) and source_ip (this node's address towards the master).
 validate_node() {
@@ -245,8 +239,8 @@ validate_node() {
     fi
 }
 
-# Parse the whole config in a process of its own, for what needs its values before training starts (torchrun's
-# rendezvous, the doctor). Sets resolved (the config as YAML), num_nodes and min_nodes (the strategy's, empty when
+# Parse the whole config in a process of its own, for torchrun's rendezvous, which needs its values before training
+# starts. Sets resolved (the config as YAML), num_nodes and min_nodes (the strategy's, empty when
 # unset).
 parse_config() {
     resolved=$(CUDA_VISIBLE_DEVICES=$visible_devices "$PYTHON" cli.py "${cli_args[@]}" --print_config) \

@@ -8,12 +8,15 @@ training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
 """
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import platform
 import re
+import shlex
 import socket
 import sys
 from datetime import timedelta
@@ -27,6 +30,8 @@ import yaml
 from torch.distributed import PrefixStore, TCPStore
 
 from scripts import comm_bench, cpu_check, gpu_check
+from training.config import cli
+from training.config.network import node_rank_problem
 from training.job.fingerprint import code_digest, config_items, items_digest
 from training.job.roster import Member, describe
 from training.job.startup import StartupError, handshake, refuse
@@ -310,6 +315,24 @@ def process(local_rank: int, args: argparse.Namespace, config: dict[str, str], w
         sys.exit(1)
 
 
+def resolved_config(cli_args: list[str]) -> dict:
+    """The config training gets from ``cli_args``, as ``python cli.py ARGS --print_config`` prints it; exits with the
+    problem where it does not parse. Parsed in this process rather than in a Python of its own: its processes, forked
+    on CPU, then hold what training imports too."""
+    printed, argv = io.StringIO(), sys.argv
+    sys.argv = ["cli.py", *cli_args, "--print_config"]  # as cli.py's messages name the command
+    try:
+        with contextlib.redirect_stdout(printed):
+            cli.main()
+    except SystemExit as exit_:
+        if exit_.code:
+            say("FAIL", f"the config above does not parse (cli.py {shlex.join(cli_args)}). Nothing was joined.")
+            sys.exit(2)
+    finally:
+        sys.argv = argv
+    return yaml.safe_load(printed.getvalue())
+
+
 def stop_the_other_nodes(args: argparse.Namespace, why: str) -> None:
     """Give the processes of the other nodes, which wait for the master's word in the start-up handshake, ``why``
     as its verdict: they stop with it at once, rather than wait out the timeout for a master that stopped."""
@@ -324,15 +347,21 @@ def stop_the_other_nodes(args: argparse.Namespace, why: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--node-rank", type=int, required=True)
-    parser.add_argument("--num-nodes", type=int, required=True)
     parser.add_argument("--nproc", type=int, required=True, help="processes (devices) on this node")
     parser.add_argument("--accelerator", choices=("cpu", "gpu"), required=True)
-    parser.add_argument("--config", required=True, help="the resolved config, as cli.py --print_config wrote it")
+    parser.add_argument("--gpus", required=True, help="the launcher's GPUS argument, as given")
     parser.add_argument("--timeout", type=float, required=True, help="seconds the master waits for every process")
     parser.add_argument("--out-dir", required=True, help="where the benchmark's files go")
     parser.add_argument("--bench", action="store_true", help="measure collective bandwidth as well")
     parser.add_argument("--bench-max-mb", type=int, default=64, help="largest message of the benchmark, in MiB")
+    parser.add_argument("cli_args", nargs="+", help="after --: the arguments training gives cli.py")
     args = parser.parse_args()
+    resolved = resolved_config(args.cli_args)
+    if problem := node_rank_problem(resolved):
+        say("FAIL", problem)
+        sys.exit(2)
+    args.num_nodes = resolved["trainer"]["num_nodes"]  # the job's, as training gets it
+    say("ok", f"node {args.node_rank} of {args.num_nodes}: {args.nproc} process(es) ({args.gpus}), config parsed")
     if args.bench and args.node_rank == 0 and importlib.util.find_spec("matplotlib") is None:
         why = "BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here"
         say("FAIL", f"{why}: pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.")
@@ -345,7 +374,7 @@ def main() -> None:
     healthy = check_node(args)
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         sys.exit(1)
-    config = config_items(yaml.safe_load(Path(args.config).read_text()))
+    config = config_items(resolved)
     # GPU processes start afresh: CUDA, which check_node has set up here, does not survive a fork. On CPU a forked
     # process skips the seconds of importing torch again.
     start_method = "spawn" if args.accelerator == "gpu" else "fork"

@@ -28,11 +28,11 @@ cd "$project"
 # shellcheck source=common.sh
 source scripts/common.sh
 
-prepare_node "$@"
+validate_node "$@"
 export_node_environment
+export_keys+=(NODE_RANK) # as training has it, for the config's check of the node rank
 apply_exports
 
-echo "ok    node $NODE_RANK of $num_nodes: $procs_per_node process(es) ($GPUS), config parsed"
 echo "ok    network interface $interface (NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME)"
 if ((NODE_RANK == 0)); then
     echo "ok    MASTER_ADDR $MASTER_ADDR is this machine and MASTER_PORT $MASTER_PORT is free"
@@ -41,13 +41,10 @@ else
     echo "ok    the master at $MASTER_ADDR:$MASTER_PORT is reachable"
 fi
 
-resolved_config=$(mktemp)
-trap 'rm -f "$resolved_config"' EXIT
-printf '%s\n' "$resolved" >"$resolved_config"
-options=(--node-rank "$NODE_RANK" --num-nodes "$num_nodes" --nproc "$procs_per_node" --accelerator "$accelerator"
-    --config "$resolved_config" --timeout "${DOCTOR_TIMEOUT:-$CONNECT_TIMEOUT}" --out-dir "$LOG_DIR/doctor"
-    --bench-max-mb "${BENCH_MAX_MB:-64}")
+# The doctor parses the config itself (as training will: scripts/run_ddp_train.sh's arguments), in its own process.
+options=(--node-rank "$NODE_RANK" --nproc "$procs_per_node" --accelerator "$accelerator" --gpus "$GPUS"
+    --timeout "${DOCTOR_TIMEOUT:-$CONNECT_TIMEOUT}" --out-dir "$LOG_DIR/doctor" --bench-max-mb "${BENCH_MAX_MB:-64}")
 if [[ -n ${BENCH:-} && $BENCH != 0 ]]; then
     options+=(--bench)
 fi
-"$PYTHON" -m scripts.doctor "${options[@]}"
+"$PYTHON" -m scripts.doctor "${options[@]}" -- "${cli_args[@]}"

@@ -19,7 +19,7 @@ from torch.distributed import HashStore
 from scripts import comm_bench, cpu_check, gpu_check
 from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
 from scripts.doctor import main as doctor_main
-from tests.helpers import charts_path, copy_project, free_port, launcher_env, needs_gpus
+from tests.helpers import DDP_YAML, charts_path, copy_project, free_port, launcher_env, needs_gpus
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_gather", "all_reduce", "send/recv")
 CORES = len(os.sched_getaffinity(0))
@@ -146,17 +146,47 @@ def test_nodes_with_different_configs_fail_naming_the_difference(tmp_path):
         assert "broadcast on" not in output, "no collectives with nodes that disagree"
 
 
-def test_bench_without_matplotlib_on_the_master_stops_before_the_processes_join(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
-    options = ["--node-rank", "0", "--num-nodes", "1", "--nproc", "1", "--accelerator", "cpu", "--config", "none.yaml"]
-    options += ["--timeout", "1", "--out-dir", "out", "--bench"]
-    monkeypatch.setattr(sys, "argv", ["doctor", *options])
+def stopped_doctor(monkeypatch, tmp_path, *options: str, node_rank: int = 0, cli_args: tuple[str, ...] = ()) -> int:
+    """scripts.doctor's main in this process, as scripts/doctor.sh starts it on a node of one CPU process, when it
+    stops before any process joins: its exit status."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NODE_RANK", str(node_rank))  # scripts/doctor.sh exports it, as the launcher does
+    args = ["--node-rank", str(node_rank), "--nproc", "1", "--accelerator", "cpu", "--gpus", "cpu:1"]
+    args += ["--timeout", "1", "--out-dir", "out", *options]
+    cli = ["fit", "-c", DDP_YAML, "--trainer.accelerator=cpu", "--trainer.devices=1", *cli_args]
+    monkeypatch.setattr(sys, "argv", ["doctor", *args, "--", *cli])
     with pytest.raises(SystemExit) as exit_:
         doctor_main()
-    assert exit_.value.code == 2
+    return exit_.value.code
+
+
+def test_bench_without_matplotlib_on_the_master_stops_before_the_processes_join(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where requirements-charts.txt is not installed
+    assert stopped_doctor(monkeypatch, tmp_path, "--bench") == 2
     assert capsys.readouterr().out == (
+        "ok    node 0 of 1: 1 process(es) (cpu:1), config parsed\n"
         "FAIL  BENCH=1: the master plots comm_bench.png with matplotlib, which is not installed here: "
         "pip install -r requirements-charts.txt, or leave BENCH unset. Nothing was measured.\n"
+    )
+
+
+def test_a_config_that_does_not_parse_stops_the_doctor_naming_the_mistake_and_the_command(
+    monkeypatch, capsys, tmp_path
+):
+    assert stopped_doctor(monkeypatch, tmp_path, cli_args=("--trainer.bogus=3",)) == 2
+    out, err = capsys.readouterr()
+    assert "error: unrecognized arguments: --trainer.bogus=3" in err and "Traceback" not in err
+    assert "cli.py fit --help" in err, "the tip names the command training runs, not the doctor"
+    assert out == (
+        f"FAIL  the config above does not parse (cli.py fit -c {DDP_YAML} --trainer.accelerator=cpu "
+        "--trainer.devices=1 --trainer.bogus=3). Nothing was joined.\n"
+    )
+
+
+def test_a_node_rank_beyond_the_configs_nodes_stops_the_doctor_as_it_stops_training(monkeypatch, capsys, tmp_path):
+    assert stopped_doctor(monkeypatch, tmp_path, node_rank=1) == 2
+    assert capsys.readouterr().out.startswith(
+        "FAIL  NODE_RANK=1 is out of range: the config has trainer.num_nodes=1, so node ranks are 0..0."
     )
 
 
