@@ -104,6 +104,19 @@ def run_cli(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def process_group_alone():
+    """A gloo process group of this pytest process alone, enough to build a DistributedDataParallel in-process. It
+    ends after the test has let go of its wrapper: a wrapper freed after the group was destroyed drops the group's
+    last reference with the GIL held, and the group's destructor waits, for good, for a gloo worker thread that needs
+    the GIL (training/job/process_group.py)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
 def two_hosts():
     """Two network namespaces joined by a veth pair: separate hosts with their own addresses and interfaces."""
     from tests.helpers.hosts import network_namespaces

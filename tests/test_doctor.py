@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed import HashStore
 
 from scripts import comm_bench, cpu_check, gpu_check
 from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
@@ -55,14 +54,6 @@ def one_node(root, gpus: str) -> tuple[str, list[dict[str, str]]]:
     assert output.rstrip().endswith("ok    the doctor found nothing wrong"), output
     with open(node / "logs" / "nodes" / "doctor" / "comm_bench.csv") as file:
         return output, list(csv.DictReader(file))
-
-
-@pytest.fixture
-def alone():
-    """A gloo process group of this process alone."""
-    dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +225,7 @@ def test_benchmark_writes_a_table_csv_json_and_plot(healthy):
     assert not (root / "node1" / "logs" / "nodes" / "doctor").exists(), "a worker wrote benchmark files"
 
 
-def test_a_collective_with_a_wrong_result_is_reported(alone, monkeypatch):
+def test_a_collective_with_a_wrong_result_is_reported(process_group_alone, monkeypatch):
     real_all_reduce = dist.all_reduce
 
     def off_by_one(tensor, *args, **kwargs):
@@ -249,7 +240,7 @@ def test_a_collective_with_a_wrong_result_is_reported(alone, monkeypatch):
     )
 
 
-def test_the_ring_sends_to_the_next_rank_and_receives_from_the_previous_in_one_batch(alone, monkeypatch):
+def test_the_ring_sends_to_the_next_rank_and_receives_from_the_previous_in_one_batch(process_group_alone, monkeypatch):
     batches = []
 
     def deliver(batch):
@@ -295,7 +286,7 @@ def test_the_ring_of_two_processes_sends_to_and_receives_from_the_same_peer(tmp_
 
 
 @pytest.mark.parametrize("torch_has", ["all_gather_single", "all_gather_into_tensor"])
-def test_all_gather_is_measured_into_one_tensor_per_message_size(torch_has, alone, monkeypatch):
+def test_all_gather_is_measured_into_one_tensor_per_message_size(torch_has, process_group_alone, monkeypatch):
     calls = []
 
     def gather(output, chunk):

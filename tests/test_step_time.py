@@ -11,7 +11,6 @@ import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, finish, launch, needs_gpus, run_script
@@ -146,24 +145,20 @@ def test_the_parts_of_a_step_add_up_to_its_time_and_the_wait_is_clipped_to_it():
     assert alone == pytest.approx({"data": 10.0, "compute": 20.0, "collective": 0.0})
 
 
-def test_the_last_gradient_computed_is_stamped_by_one_hook_after_the_first_step(tmp_path):
+def test_the_last_gradient_computed_is_stamped_by_one_hook_after_the_first_step(process_group_alone):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
     inputs = torch.randn(4, 8)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        ready = GradientsReady(CpuClock(), list(model.parameters()))
-        assert len(ready.hooks) == 4
-        stamps = []
-        for _ in range(2):
-            ddp(inputs).sum().backward()
-            stamps.append(ready.take())
-            # The backward pass ends with the first layer's gradients, the last ones computed; only that hook stays.
-            assert ready.last in (0, 1) and list(ready.hooks) == [ready.last]
-        assert all(stamp is not None for stamp in stamps) and stamps[1] > stamps[0] and ready.take() is None
-    finally:
-        dist.destroy_process_group()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ready = GradientsReady(CpuClock(), list(model.parameters()))
+    assert len(ready.hooks) == 4
+    stamps = []
+    for _ in range(2):
+        ddp(inputs).sum().backward()
+        stamps.append(ready.take())
+        # The backward pass ends with the first layer's gradients, the last ones computed; only that hook stays.
+        assert ready.last in (0, 1) and list(ready.hooks) == [ready.last]
+    assert all(stamp is not None for stamp in stamps) and stamps[1] > stamps[0] and ready.take() is None
 
 
 @pytest.mark.parametrize(

@@ -72,15 +72,6 @@ def test_the_head_gets_gradients_only_with_a_positive_aux_weight(aux_weight):
     assert no_grad == ({"aux_head.weight", "aux_head.bias"} if aux_weight == 0 else set())
 
 
-@pytest.fixture
-def one_process_group():
-    """A gloo process group of this process alone, enough to build a DistributedDataParallel in-process."""
-    store = torch.distributed.HashStore()
-    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    torch.distributed.destroy_process_group()
-
-
 def first_step(check: UnusedParameterCheck, ddp: DistributedDataParallel, *losses) -> None:
     """The hooks Lightning calls around each backward pass of a first training step (one per loss)."""
     trainer = SimpleNamespace(model=ddp)
@@ -97,7 +88,7 @@ def first_step(check: UnusedParameterCheck, ddp: DistributedDataParallel, *losse
     ("ddp_options", "stops"),
     [({}, True), ({"find_unused_parameters": True}, False), ({"static_graph": True}, False)],
 )
-def test_the_check_stops_exactly_the_ddp_runs_that_fail_at_the_next_step(one_process_group, ddp_options, stops):
+def test_the_check_stops_exactly_the_ddp_runs_that_fail_at_the_next_step(process_group_alone, ddp_options, stops):
     model = AuxHeadModel()
     ddp = DistributedDataParallel(model, **ddp_options)
 
@@ -128,7 +119,7 @@ class TwoNetworks(torch.nn.Module):
 
 
 @pytest.mark.parametrize("toggled", [True, False])
-def test_under_manual_optimization_every_backward_pass_of_the_first_step_is_checked(one_process_group, toggled):
+def test_under_manual_optimization_every_backward_pass_of_the_first_step_is_checked(process_group_alone, toggled):
     # A GAN's step: the generator's pass, then the discriminator's on a detached fake. With toggle_optimizer the
     # discriminator's parameters require no gradient in the generator's pass; without it, the generator gets none
     # in the discriminator's pass, and nothing is wrong before that second pass.
