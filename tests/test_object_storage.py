@@ -9,12 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.fabric.utilities.cloud_io import get_filesystem
 
 from tests.helpers import (
     DDP_YAML,
@@ -28,6 +30,7 @@ from tests.helpers import (
     serve,
     wait_for_hold,
 )
+from training.checkpoints.atomic_io import AtomicCheckpointIO
 from training.run.storage import storage_problem
 
 BUCKET = "runs"
@@ -222,6 +225,34 @@ def test_a_checkpoint_the_bucket_does_not_hold_is_named_before_anything_starts(s
     assert f"error: --ckpt_path {RUN}/checkpoints/missing.ckpt: no such checkpoint file or directory." in (
         capsys.readouterr().err
     )
+
+
+def test_a_file_another_thread_writes_into_the_store_during_a_checkpoint_upload_is_left_to_it(s3, monkeypatch):
+    """As TensorBoard's event writer writes its events file while a checkpoint uploads: the file is in the store once
+    its writer closes it. Lightning's own save holds the store's transaction, which fsspec shares with every thread,
+    during the upload: the file would join it, and only the save's commit would finish it, under its writer."""
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    checkpoint, events, written = f"s3://{BUCKET}/other-thread/last.ckpt", f"{BUCKET}/other-thread/events.out", []
+    fs = get_filesystem(checkpoint)  # the instance the save gets: fsspec keeps one per store and settings
+    pipe = fs.pipe
+
+    def upload_while_another_thread_writes(path, value, **kwargs):
+        def write_events() -> None:
+            with fs.open(events, "wb") as file:
+                file.write(b"an event")
+            fs.invalidate_cache()
+            written.append(fs.exists(events) and fs.cat(events))
+
+        writer = threading.Thread(target=write_events)
+        writer.start()
+        writer.join()
+        return pipe(path, value, **kwargs)
+
+    monkeypatch.setattr(fs, "pipe", upload_while_another_thread_writes)
+    AtomicCheckpointIO().save_checkpoint({"global_step": 7}, checkpoint)
+    assert written == [b"an event"]
+    assert load(s3, checkpoint) == {"global_step": 7}
 
 
 def test_an_object_store_without_its_client_names_the_requirements_file(monkeypatch):

@@ -2,6 +2,7 @@
 asked, and removed only from the directory the run saves into."""
 
 import errno
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -87,8 +89,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def write(self, checkpoint: dict[str, Any], path: str) -> None:
         self.saving_into = parent(path)
-        if not isinstance(get_filesystem(path), LocalFileSystem):
-            super().save_checkpoint(checkpoint, path)
+        if not isinstance(fs := get_filesystem(path), LocalFileSystem):
+            upload(fs, checkpoint, path)
             return
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +168,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             future.result()
             for copied in copies:  # written: its memory takes the next copy of a tensor of its shape
                 self.spare.setdefault((copied.shape, copied.dtype), []).append(copied)
+
+
+def upload(fs: AbstractFileSystem, checkpoint: dict[str, Any], path: str) -> None:
+    """Write ``checkpoint`` to ``path`` in ``fs``, a remote store, as Lightning 2.6.6 does (``fs.pipe``: in parallel
+    parts where the store takes them) but outside ``fs.transaction``, in which Lightning wraps it. fsspec shares an
+    instance's transaction with every thread using the store: a file another thread opens meanwhile (TensorBoard's
+    event writer appending to its events file) joins it, and the save's commit then finishes that file under its
+    writer, which fails (s3fs: 'NoneType' object has no attribute 'getbuffer') or loses what it wrote. An object
+    store shows an object only once its upload is complete: the save stays atomic without it."""
+    data = io.BytesIO()
+    torch.save(checkpoint, data)
+    fs.makedirs(os.path.dirname(path), exist_ok=True)
+    fs.pipe(path, data.getvalue())
 
 
 def no_room(checkpoint: dict[str, Any], target: Path) -> str:
