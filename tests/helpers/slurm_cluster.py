@@ -69,7 +69,7 @@ class SlurmCluster:
         self.root.chmod(0o755)
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": SEARCH_PATH}
-        self.daemons: list[subprocess.Popen] = []
+        self.daemons: dict[str, subprocess.Popen] = {}  # by the name of their output's file
 
     def start(self) -> None:
         munge = self.root / "munge"
@@ -131,8 +131,8 @@ class SlurmCluster:
 
     def _daemon(self, name: str, command: list[str]) -> None:
         with open(self.root / f"{name}.out", "w") as log:
-            self.daemons.append(
-                subprocess.Popen(command, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.daemons[name] = subprocess.Popen(
+                command, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
 
     def _nodes_idle(self) -> bool:
@@ -146,16 +146,19 @@ class SlurmCluster:
     def _wait(self, ready, what: str, log: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
-            dead = [p.args[0] for p in self.daemons if p.poll() is not None]
+            dead = [name for name, daemon in self.daemons.items() if daemon.poll() is not None]
             if dead or time.monotonic() > deadline:
                 why = f"{', '.join(dead)} exited" if dead else f"not within {timeout} s"
-                raise AssertionError(f"waiting for {what}: {why}. Its log:\n{self.log(log)}")
+                logs = "\n".join(f"{name}'s output:\n{self.log(name)}" for name in dead or [log])
+                raise AssertionError(f"waiting for {what}: {why}.\n{logs}")
             time.sleep(0.2)
 
     def log(self, name: str) -> str:
-        """The last lines of a daemon's output (``slurmctld``, ``slurmd-localhost``, ``munged``)."""
-        path = self.root / f"{name}.out"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-40:]) if path.exists() else ""
+        """The last lines of a daemon's output and of its log file (``slurmctld``, ``slurmd-node1``, ``munged``)."""
+        paths = [self.root / f"{name}.out", self.root / f"{name}.log"]
+        return "\n".join(
+            line for path in paths if path.exists() for line in path.read_text(errors="replace").splitlines()[-40:]
+        )
 
     def run(self, *command: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(command, cwd=cwd, env={**self.env, **(env or {})}, capture_output=True, text=True)
@@ -183,7 +186,7 @@ class SlurmCluster:
         while self._queued() and time.monotonic() < deadline:
             time.sleep(0.5)
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True)
-        for daemon in reversed(self.daemons):
+        for daemon in reversed(self.daemons.values()):
             if daemon.args[0].endswith("munged"):
                 daemon.terminate()
             try:
