@@ -14,6 +14,10 @@ def pytest_configure(config):
     # if pytest ran as one: a launcher cannot trap a signal that was ignored when it started.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Where the environment sets PYTHONDONTWRITEBYTECODE (some images do), every one of the suite's 600 or so Python
+    # processes would compile the project's modules again, about 0.05 s of CPU each: the processes the tests start
+    # (pytest-xdist's workers included) write bytecode as Python does by default, into __pycache__, which git ignores.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     # The workers of pytest-xdist share the cores; with torch's thread per core in each, there are more threads
     # than cores, and an operation keeps waiting for a thread that is not running. What the tests start keeps
     # torch's default.
@@ -34,6 +38,7 @@ LONGEST_FIRST = (
     "test_launcher_checks.py",
     "test_liveness.py",
     "test_cli.py",
+    "test_everyday_stops.py",
     "test_elastic.py",
     "test_launcher.py",
     "test_cluster_launch.py",
