@@ -186,8 +186,8 @@ class SlurmCluster:
         while self._queued() and time.monotonic() < deadline:
             time.sleep(0.5)
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True)
-        for daemon in reversed(self.daemons.values()):
-            if daemon.args[0].endswith("munged"):
+        for name, daemon in reversed(self.daemons.items()):
+            if name == "munged":
                 daemon.terminate()
             try:
                 daemon.wait(timeout=30)
