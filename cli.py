@@ -9,10 +9,12 @@ Every behaviour of a run is declared in configs/ddp.yaml; this file builds the C
 import gc
 import os
 
+from training.job import versions
 from training.job.early import take_stop_signals
 
 if __name__ == "__main__":  # a stop during the seconds of the imports below ends in a paragraph too, not a traceback
     take_stop_signals()
+    versions.check()  # before the imports: a release the template does not support would fail in them, or later
     # torch reads it as it is imported. A heartbeat's store call cut off as global rank 0's process ends would print
     # a C++ warning with its backtrace before the paragraph that explains the stop; DEBUG=1 on the launcher (or a
     # value of your own) keeps torch's C++ warnings.

@@ -175,6 +175,8 @@ validate_node() {
     NODE_RANK=$2
     shift 2
     PYTHON=${PYTHON:-python}
+    # First: a Python or package release the template does not support stops here, naming the one to install.
+    "$PYTHON" -m training.job.versions || exit 2
     CLUSTER_ENV=${CLUSTER_ENV:-scripts/cluster.env}
 
     local inherited=${CUDA_VISIBLE_DEVICES:-}

@@ -15,7 +15,6 @@ import io
 import json
 import os
 import platform
-import re
 import shlex
 import socket
 import sys
@@ -31,7 +30,9 @@ from torch.distributed import PrefixStore, TCPStore
 
 from scripts import comm_bench, cpu_check, gpu_check
 from training.config import cli
+from training.config.gpu_support import driver_version
 from training.config.network import node_rank_problem
+from training.job import versions
 from training.job.fingerprint import code_digest, config_items, items_digest
 from training.job.roster import Member, describe
 from training.job.startup import StartupError, handshake, refuse
@@ -44,16 +45,11 @@ def say(status: str, text: str) -> None:
     print(f"{status:<5} {text}", flush=True)
 
 
-def driver_version() -> str:
-    """The NVIDIA driver's version, from the banner of its kernel module; "unknown" where there is none."""
-    banner = gpu_check.DRIVER.read_text().partition("\n")[0] if gpu_check.DRIVER.is_file() else ""
-    found = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", banner)
-    return found.group(1) if found else "unknown"
-
-
 def check_node(args: argparse.Namespace) -> bool:
     """The checks of this machine alone; False when training could not run here."""
     say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
+    for note in versions.newer_than_tested():
+        say("note", note.removeprefix("note: "))
     healthy = True
     if args.accelerator == "gpu":
         if why := gpu_check.problem(args.nproc):
@@ -62,8 +58,8 @@ def check_node(args: argparse.Namespace) -> bool:
         visible = torch.cuda.device_count()
         names = ", ".join(torch.cuda.get_device_name(i) for i in range(visible))
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        versions = f"NVIDIA driver {driver_version()}, CUDA {torch.version.cuda}, NCCL {nccl}"
-        say("ok", f"{versions}; {visible} visible GPU(s): {names}")
+        build = f"NVIDIA driver {driver_version() or 'unknown'}, CUDA {torch.version.cuda}, NCCL {nccl}"
+        say("ok", f"{build}; {visible} visible GPU(s): {names}")
     else:
         say("ok", f"{args.nproc} CPU process(es) on gloo")
     shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None

@@ -1,14 +1,22 @@
-"""The whole GPU check in one command, for a GPU machine without internet: the GPU tier of the tests, the main
-command and the GPU benchmark's short mode (5 rounds in about 5 minutes on one H100), then a summary to paste into a
-note.
+"""The whole GPU check, for a GPU machine without internet, in one command or in parts: the GPU tier of the tests
+(tier), the main command (main) and the GPU benchmark's short mode (bench), then a summary to paste into a note.
 
-    python -m scripts.gpu_tier WHEELS_DIR              # WHEELS_DIR: wheels of what the machine lacks (DEVELOPERS.md)
-    python -m scripts.gpu_tier WHEELS_DIR --dry-run    # what it would install and run; needs no GPU
+    python -m scripts.gpu_tier WHEELS_DIR               # every part; WHEELS_DIR: wheels of what the machine lacks
+    python -m scripts.gpu_tier WHEELS_DIR --only tier   # the GPU tier: not timed on an H100 yet
+    python -m scripts.gpu_tier WHEELS_DIR --only main   # the main command: not timed on a GPU yet
+    python -m scripts.gpu_tier WHEELS_DIR --only bench  # 5 rounds in about 5 minutes on one H100
+    python -m scripts.gpu_tier WHEELS_DIR --dry-run     # what it would install and run; needs no GPU
+
+Where a command's time is limited (a lent GPU machine's), run the parts one command each, tier first: it checks what
+the other two rely on (training with NCCL, the benchmark's sides) and names what fails, so a broken machine spends no
+5 minutes on the benchmark. --only repeats (--only tier --only main); the parts run in the order above. Every
+summary names the steps it did not run, so the summaries of several calls pasted together are unambiguous.
 
 torch, Lightning and the rest that the machine has are used as installed (a GPU image's torch is its CUDA build);
-every wheel in WHEELS_DIR of a project this Python lacks goes into a throwaway directory with pip --no-index
---no-deps, which the steps get on their PYTHONPATH. Each step's whole output goes to --out (default:
-/tmp/gpu-tier-<time>). Exit status 0 when every step passed, 1 when one failed, 2 when it could not start.
+every wheel in WHEELS_DIR of a project this Python lacks, less those pinned only for parts not run, goes into a
+throwaway directory with pip --no-index --no-deps, which the steps get on their PYTHONPATH. Each step's whole output
+goes to --out (default: /tmp/gpu-tier-<time>). Exit status 0 when every step run passed, 1 when one failed, 2 when
+it could not start.
 """
 
 import argparse
@@ -25,9 +33,16 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# What the GPU tier imports: the template's pins, matplotlib for the charts, and pytest with the plugins that
-# pyproject.toml's options name.
-PIN_FILES = ("requirements.txt", "requirements-charts.txt")
+PARTS = {"tier": "GPU tier", "main": "main command", "bench": "benchmark"}
+# What each part imports: the template's pins; matplotlib for the tests' and the benchmark's charts, not for the
+# main command, which runs as requirements.txt installs it (torchmetrics imports matplotlib in every rank where it
+# is importable); and, for the tier, pytest with the plugins that pyproject.toml's options name (TEST_PINS, the only
+# pins of requirements-dev.txt it needs).
+PIN_FILES = {
+    "tier": ("requirements.txt", "requirements-charts.txt", "requirements-dev.txt"),
+    "main": ("requirements.txt",),
+    "bench": ("requirements.txt", "requirements-charts.txt"),
+}
 TEST_PINS = ("pytest", "pytest-xdist", "pytest-timeout")
 COUNTS = ("passed", "failed", "errors", "skipped")
 
@@ -43,27 +58,30 @@ def installed_version(project: str) -> str | None:
         return None
 
 
-def pins() -> dict[str, str]:
-    """Project -> pinned version, of every pin the GPU tier needs."""
+def pins(parts: list[str]) -> dict[str, str]:
+    """Project -> pinned version, of every pin the steps of ``parts`` need."""
     found = {}
-    lines = [line for name in PIN_FILES for line in (REPO / name).read_text().splitlines()]
-    dev = (REPO / "requirements-dev.txt").read_text().splitlines()
-    lines += [line for line in dev if normalized(line.split("==")[0]) in TEST_PINS]
-    for line in lines:
-        if match := re.match(r"^([A-Za-z0-9_.-]+)(\[[^]]*\])?==([^\s#;]+)", line):
-            found[normalized(match[1])] = match[3]
+    for name in dict.fromkeys(file for part in parts for file in PIN_FILES[part]):
+        for line in (REPO / name).read_text().splitlines():
+            match = re.match(r"^([A-Za-z0-9_.-]+)(\[[^]]*\])?==([^\s#;]+)", line)
+            if match and (name != "requirements-dev.txt" or normalized(match[1]) in TEST_PINS):
+                found[normalized(match[1])] = match[3]
     return found
 
 
-def wheels_to_install(wheels: Path) -> list[Path]:
-    """The wheels in ``wheels`` of projects this Python does not have."""
-    return sorted(wheel for wheel in wheels.glob("*.whl") if installed_version(wheel.name.split("-")[0]) is None)
+def wheels_to_install(wheels: Path, parts: list[str]) -> list[Path]:
+    """The wheels in ``wheels`` of projects this Python does not have, less those pinned only for other parts. A wheel
+    no pin names (jsonargparse's extras, a pin's dependency) goes in with every part: only its metadata says whose
+    it is, and a spare wheel on the path costs nothing."""
+    others = pins(list(PARTS)).keys() - pins(parts).keys()
+    projects = {wheel: wheel.name.split("-")[0] for wheel in wheels.glob("*.whl")}
+    return sorted(w for w, p in projects.items() if installed_version(p) is None and normalized(p) not in others)
 
 
-def missing_pins(wheels: list[Path]) -> list[str]:
-    """The pins neither this Python nor ``wheels`` provides."""
+def missing_pins(wheels: list[Path], parts: list[str]) -> list[str]:
+    """The pins of ``parts`` that neither this Python nor ``wheels`` provides."""
     carried = {normalized(wheel.name.split("-")[0]) for wheel in wheels}
-    return [f"{p}=={v}" for p, v in pins().items() if installed_version(p) is None and p not in carried]
+    return [f"{p}=={v}" for p, v in pins(parts).items() if installed_version(p) is None and p not in carried]
 
 
 def refuse(why: str) -> None:
@@ -77,17 +95,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def steps(out: Path, gpus: int) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Each step's command, run from the project directory, and what it adds to the environment. The main command
-    trains a run of its own (logs/toy/gpu-tier-<time>) on every GPU, its node log in ``out``."""
+def steps(out: Path, gpus: int, parts: list[str]) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Part -> its step's command, run from the project directory, and what it adds to the environment, of each of
+    ``parts``. The main command trains a run of its own (logs/toy/gpu-tier-<time>) on every GPU, its node log in
+    ``out``."""
     python = sys.executable
     run = {"RUN_ID": f"gpu-tier-{int(time.time())}", "MASTER_PORT": str(free_port()), "LOG_DIR": str(out / "nodes")}
     bench = [python, "-m", "benchmarks.bench", "--short", "--accelerator", "gpu", "--out", str(out / "bench")]
-    return {
-        "GPU tier": ([python, "-m", "pytest", "-m", "gpu", "-n", "0", "-rA", "-p", "no:cacheprovider"], {}),
-        "main command": (["./scripts/run_ddp_train.sh", ",".join(map(str, range(gpus))), "0"], run),
-        "benchmark": (bench, {}),
+    every = {
+        "tier": ([python, "-m", "pytest", "-m", "gpu", "-n", "0", "-rA", "-p", "no:cacheprovider"], {}),
+        "main": (["./scripts/run_ddp_train.sh", ",".join(map(str, range(gpus))), "0"], run),
+        "bench": (bench, {}),
     }
+    return {part: every[part] for part in parts}
 
 
 def run_step(name: str, command: list[str], env: dict[str, str], out: Path) -> tuple[int, str, float]:
@@ -129,6 +149,26 @@ def bench_headlines(output: str) -> list[str]:
     return [line.strip() for line in output.splitlines() if line.startswith(kept)]
 
 
+def step_lines(results: dict[str, tuple[int, str, float]]) -> list[str]:
+    """The summary's lines of every step, in order, from the status, output and seconds of each part run: the tier's
+    counts with its failing tests, the others' status, the benchmark's headlines; "not run in this call" for the
+    rest."""
+    lines = []
+    for part, name in PARTS.items():
+        if part not in results:
+            lines.append(f"{name}: not run in this call")
+            continue
+        status, output, seconds = results[part]
+        if part == "tier":
+            failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+            lines += [f"{name}: {test_counts(output)} ({seconds:.0f} s)", *(f"  {line}" for line in failed)]
+            continue
+        lines.append(f"{name}: {'ok' if status == 0 else f'failed with status {status}'} ({seconds:.0f} s)")
+        if part == "bench":
+            lines += [f"  {line}" for line in bench_headlines(output)]
+    return lines
+
+
 def machine() -> list[str]:
     """The GPUs, driver and versions, read once the steps' packages are importable (the doctor needs them)."""
     import lightning
@@ -149,12 +189,16 @@ def main() -> int:
     parser.add_argument("wheels", type=Path, help="a folder of wheels of the pins this machine lacks")
     parser.add_argument("--dry-run", action="store_true", help="say what would be installed and run, and stop")
     parser.add_argument("--out", type=Path, help="where each step's output goes (default: /tmp/gpu-tier-<time>)")
+    parser.add_argument(
+        "--only", action="append", choices=PARTS, help="run this part only; repeat for more (default: every part)"
+    )
     options = parser.parse_args()
+    parts = [part for part in PARTS if part in (options.only or PARTS)]
     fill = "fill it as DEVELOPERS.md says (A GPU machine without internet), on a machine with internet"
     if not options.wheels.is_dir():
         refuse(f"the wheels folder {options.wheels} does not exist: {fill}, and copy it here.")
-    wheels = wheels_to_install(options.wheels)
-    if missing := missing_pins(wheels):
+    wheels = wheels_to_install(options.wheels, parts)
+    if missing := missing_pins(wheels, parts):
         refuse(
             f"this Python ({sys.executable}) lacks {', '.join(missing)}, and {options.wheels} has no wheel of "
             f"{'it' if len(missing) == 1 else 'them'}: {fill}, with these pins too."
@@ -165,8 +209,8 @@ def main() -> int:
     install += [str(wheel) for wheel in wheels]
     if options.dry_run:
         print(f"would install: {' '.join(install) if wheels else 'nothing, every wheel is installed already'}")
-        for name, (command, settings) in steps(out, 1).items():
-            print(f"would run ({name}): {' '.join([*(f'{k}={v}' for k, v in settings.items()), *command])}")
+        for part, (command, settings) in steps(out, 1, parts).items():
+            print(f"would run ({PARTS[part]}): {' '.join([*(f'{k}={v}' for k, v in settings.items()), *command])}")
         return 0
     if not torch.cuda.is_available():
         refuse(
@@ -180,18 +224,10 @@ def main() -> int:
     path = os.pathsep.join(filter(None, [str(target), str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "PYTHON": sys.executable}
     results = {
-        name: run_step(name, command, env | settings, out)
-        for name, (command, settings) in steps(out, torch.cuda.device_count()).items()
+        part: run_step(PARTS[part], command, env | settings, out)
+        for part, (command, settings) in steps(out, torch.cuda.device_count(), parts).items()
     }
-
-    status, output, seconds = results["GPU tier"]
-    failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
-    lines = [f"GPU tier: {test_counts(output)} ({seconds:.0f} s)", *(f"  {line}" for line in failed)]
-    status, output, seconds = results["main command"]
-    lines.append(f"main command: {'ok' if status == 0 else f'failed with status {status}'} ({seconds:.0f} s)")
-    status, output, seconds = results["benchmark"]
-    lines.append(f"benchmark: {'ok' if status == 0 else f'failed with status {status}'} ({seconds:.0f} s)")
-    lines += [f"  {line}" for line in bench_headlines(output)]
+    lines = step_lines(results)
     installed = ", ".join(wheel.name.split("-")[0] for wheel in wheels) or "nothing"
     lines += [*machine(), f"installed from {options.wheels}: {installed}; every step's output in {out}"]
     print("==== summary", *lines, sep="\n")

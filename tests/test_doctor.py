@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from scripts import comm_bench, cpu_check, gpu_check
-from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, driver_version, ring
+from scripts import comm_bench, cpu_check
+from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, ring
 from scripts.doctor import main as doctor_main
 from tests.helpers import DDP_YAML, charts_path, copy_project, free_port, launcher_env, needs_gpus
 
@@ -310,22 +310,6 @@ def test_all_gather_is_measured_into_one_tensor_per_message_size(torch_has, proc
     outputs = {id(output): output for _, output, _ in calls}
     assert sorted(output.numel() * 4 for output in outputs.values()) == sizes == [1024, 4096]
     assert all(name == torch_has and output.numel() == 4 * chunk.numel() for name, output, chunk in calls)
-
-
-@pytest.mark.parametrize(
-    ("banner", "version"),
-    [
-        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023", "535.104.05"),
-        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build", "570.86.15"),
-        (None, "unknown"),
-    ],
-    ids=["kernel module", "open kernel module", "no driver"],
-)
-def test_the_driver_version_is_read_from_the_kernel_module(banner, version, tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_check, "DRIVER", tmp_path / "version")
-    if banner:
-        gpu_check.DRIVER.write_text(f"{banner}\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n")
-    assert driver_version() == version
 
 
 def check_gpu_line(output: str, gpus: int) -> None:

@@ -1,7 +1,8 @@
-"""scripts/gpu_tier.py, the whole GPU check in one command, where there is no GPU: what it would install from a
-folder of wheels and run, its refusals (no folder, a pin neither installed nor carried, no GPU) and the counts
-its summary reads from pytest."""
+"""scripts/gpu_tier.py, the whole GPU check in one command or in parts (--only), where there is no GPU: what it would
+install from a folder of wheels and run, for every part or those named, its refusals (no folder, a pin neither
+installed nor carried, no GPU, a part it does not know) and its summary's lines."""
 
+import re
 import sys
 from pathlib import Path
 
@@ -69,6 +70,62 @@ def test_the_dry_run_installs_only_what_this_python_lacks_and_names_every_step(m
     assert main.endswith(f"LOG_DIR={tmp_path / 'out' / 'nodes'} ./scripts/run_ddp_train.sh 0 0")
     assert bench.endswith(f"-m benchmarks.bench --short --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
     assert not (tmp_path / "out").exists(), "the dry run wrote something"
+
+
+def planned(out: str) -> tuple[list[str], list[str]]:
+    """The wheels the dry run would install and the names of the steps it would run, in order."""
+    install, *runs = out.splitlines()
+    return [word for word in install.split() if word.endswith(".whl")], [
+        re.match(r"would run \((.+?)\): ", line)[1] for line in runs
+    ]
+
+
+def test_only_main_plans_the_main_command_with_its_own_wheels_only(monkeypatch, capsys, tmp_path):
+    # pytest-timeout, the tier's, has no wheel: a part that does not need it runs without it.
+    monkeypatch.setattr(gpu_tier, "installed_version", lacking("omegaconf", "matplotlib", "pytest-timeout"))
+    carried = ["omegaconf-2.4.0-py3-none-any.whl", "matplotlib-3.11.2-cp311-cp311-manylinux2014_x86_64.whl"]
+    folder = wheels(tmp_path / "wheels", *carried)
+    status, out, err = run(monkeypatch, capsys, str(folder), "--dry-run", "--only", "main")
+    assert (status, err) == (0, "")
+    installed, steps = planned(out)
+    assert installed == [str(folder / carried[0])], "only requirements.txt's wheel goes in"
+    assert steps == [gpu_tier.PARTS["main"]]
+
+
+def test_only_tier_and_bench_plan_those_two_in_order_with_their_wheels(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(gpu_tier, "installed_version", lacking("omegaconf", "matplotlib", "pytest-timeout"))
+    carried = [
+        "matplotlib-3.11.2-cp311-cp311-manylinux2014_x86_64.whl",
+        "omegaconf-2.4.0-py3-none-any.whl",
+        "pytest_timeout-2.4.0-py3-none-any.whl",
+    ]
+    folder = wheels(tmp_path / "wheels", *carried)
+    status, out, err = run(monkeypatch, capsys, str(folder), "--dry-run", "--only", "bench", "--only", "tier")
+    assert (status, err) == (0, "")
+    installed, steps = planned(out)
+    assert installed == [str(folder / wheel) for wheel in carried]
+    assert steps == [gpu_tier.PARTS["tier"], gpu_tier.PARTS["bench"]]
+
+
+def test_a_part_it_does_not_know_stops_it_naming_the_parts_it_does(monkeypatch, capsys, tmp_path):
+    status, out, err = run(monkeypatch, capsys, str(tmp_path), "--dry-run", "--only", "train")
+    assert (status, out) == (2, "")
+    error = err.splitlines()[-1]
+    assert error.startswith("gpu_tier: error: argument --only: invalid choice: 'train' (choose from ")
+    assert re.findall(r"\w+", error.split("(choose from ")[1]) == list(gpu_tier.PARTS)
+
+
+def test_the_summary_says_which_steps_this_call_did_not_run():
+    failed = "FAILED tests/test_gpu.py::test_resume - AssertionError"
+    tier = f"{failed}\n== 1 failed, 9 passed in 200.40s ==\n"
+    took = "short mode: took 290 s from start to end, within its budget of 300 s"
+    assert gpu_tier.step_lines({"tier": (1, tier, 200.4), "bench": (0, f"x\n{took}\n", 291.2)}) == [
+        "GPU tier: 9 passed, 1 failed, 0 errors, 0 skipped (200 s)",
+        f"  {failed}",
+        "main command: not run in this call",
+        "benchmark: ok (291 s)",
+        f"  {took}",
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU runs the check")

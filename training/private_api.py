@@ -11,17 +11,23 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import lightning
+import torch
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, subprocess_script
 from lightning.pytorch.trainer import call
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
+# The oldest Lightning the template supports (pyproject.toml) differs where a use says so; checked with 2.5.0 and 2.5.6.
+LIGHTNING_2_5 = lightning.__version__.startswith("2.5.")
 LIGHTNING_CALLBACK_DISPATCH = call._call_callback_hooks
 
 
@@ -187,3 +193,36 @@ def skip_hooks_not_overridden(skips: Callable[[Trainer], bool]) -> None:
             pl_module._current_fx_name = previous
 
     call._call_callback_hooks = call_callback_hooks
+
+
+def ckpt_path_read_as_lightning_2_6(cli_class: type[LightningCLI]) -> type[LightningCLI]:
+    """``cli_class`` (training/config/cli.py's CLI), reading a ``--ckpt_path`` file's hyperparameters as Lightning 2.6
+    does where Lightning is 2.5.
+
+    A module saved under subclass mode (every run of this template) keeps its class among its hyperparameters as
+    ``_class_path``; Lightning 2.5's ``LightningCLI._parse_ckpt_path`` hands it to the parser as an argument of the
+    model, and validate, test or predict with --ckpt_path stops with "Option '_class_path' is not accepted". Lightning
+    2.6 makes it the model's class_path, as ``parse_ckpt_path`` below does.
+    """
+    if LIGHTNING_2_5:
+        cli_class._parse_ckpt_path = parse_ckpt_path
+    return cli_class
+
+
+def parse_ckpt_path(cli: LightningCLI) -> None:
+    """Lightning 2.6.6's ``LightningCLI._parse_ckpt_path``."""
+    subcommand = cli.config.get("subcommand")
+    ckpt_path = subcommand and cli.config[subcommand].get("ckpt_path")
+    if not ckpt_path or not Path(ckpt_path).is_file():
+        return
+    hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+    hparams.pop("_instantiator", None)
+    if not hparams:
+        return
+    if "_class_path" in hparams:
+        hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+    try:
+        cli.config = cli.parser.parse_object({subcommand: {"model": hparams}}, cli.config)
+    except SystemExit:
+        sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+        raise

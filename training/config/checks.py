@@ -12,7 +12,7 @@ from training.callbacks.finite_loss import NonFiniteError
 from training.checkpoints.atomic_io import CheckpointSpaceError
 from training.checkpoints.resume import checkpoint_problem
 from training.checkpoints.schedule_end import schedule_outrun
-from training.config.gpu_support import bf16_problem
+from training.config.gpu_support import bf16_problem, unusable_gpus_problem
 from training.config.network import gloo_interface_problem, node_rank_problem
 from training.config.optimizer_flags import optimizer_flags_problem
 from training.config.parser import optimizer_problem
@@ -43,6 +43,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
         or checkpoint_problem(settings.get("ckpt_path"), root_dir)
         or optimizer_problem(settings)
         or optimizer_flags_problem(settings)
+        or unusable_gpus_problem(settings)
         or trainer_problem(settings)
         or combination_problem(settings)
         or bf16_problem(settings)

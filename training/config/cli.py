@@ -28,6 +28,7 @@ from training.job.forked import end_forked_with_this_process
 from training.job.node_processes import let_later_end, speaks_for_node
 from training.job.stop_signal import REQUESTS
 from training.job.vector_math import settle_vector_math
+from training.private_api import LIGHTNING_2_5, ckpt_path_read_as_lightning_2_6
 from training.run.record import RunRecord, name_the_logger
 from training.strategy import DDPStrategy
 
@@ -47,6 +48,7 @@ def without_config(subcommand: str) -> str:
     )
 
 
+@ckpt_path_read_as_lightning_2_6
 class CLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
@@ -59,6 +61,9 @@ class CLI(LightningCLI):
         parser.add_argument("--monitor_mode", choices=("min", "max"), default="min", help="best: its min or max")
         tip = "callbacks and plugins of trainer.callbacks and trainer.plugins this run leaves out, by class name"
         parser.add_argument("--turn_off", type=list[str], default=[], help=tip)
+        if LIGHTNING_2_5:  # Lightning 2.6's option, which its Trainer.fit, validate, test and predict take
+            tip = "load checkpoints as torch.load(weights_only=True) does: tensors and plain types only"
+            parser.add_argument("--weights_only", type=bool | None, default=None, help=tip)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict | Namespace):
@@ -113,6 +118,8 @@ class CLI(LightningCLI):
         config = self.config[self.subcommand]
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
+        if config.get("weights_only") and LIGHTNING_2_5:  # which loads every checkpoint as a full pickle otherwise
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch's own switch
         # A data module may say what it cannot feed this many processes (data.Seq2SeqDataModule does).
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):

@@ -1,6 +1,10 @@
-"""Settings the run's GPUs cannot run at speed, found before anything starts: bfloat16 on GPUs without bfloat16
-units. Lightning and torch accept it there and emulate it, slower than float32, without a word."""
+"""What keeps a run from its GPUs, found before anything starts: NVIDIA GPUs that this torch cannot use (a run with
+accelerator auto would train on the CPU after one warning), and bfloat16 on GPUs without bfloat16 units (Lightning and
+torch accept it there and emulate it, slower than float32, without a word)."""
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -9,6 +13,45 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from training.config.trainer_settings import origin
 
 NATIVE_BF16 = 8  # the first compute capability (major) with bfloat16 tensor cores: Ampere
+DRIVER = Path("/proc/driver/nvidia/version")  # there while the NVIDIA driver's kernel module is loaded
+# The oldest driver that runs each CUDA major version (NVIDIA's release notes; 12: with minor version compatibility).
+OLDEST_DRIVER = {13: 580, 12: 525, 11: 450}
+
+
+def driver_version() -> str | None:
+    """The loaded NVIDIA driver's version, from its kernel module's banner; None where none is loaded."""
+    if not DRIVER.is_file():
+        return None
+    found = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", DRIVER.read_text().partition("\n")[0])
+    return found.group(1) if found else "unknown"
+
+
+def unusable_gpus_problem(config: dict[str, Any]) -> str | None:
+    """The paragraph for a run that asks for the GPUs (accelerator auto, gpu or cuda) on a node whose NVIDIA driver is
+    loaded but whose torch cannot use the GPUs, or None. GPUs hidden on purpose (CUDA_VISIBLE_DEVICES empty) are none
+    of its business."""
+    accelerator = str((config.get("trainer") or {}).get("accelerator", "auto"))
+    if accelerator not in ("auto", "gpu", "cuda") or os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return None
+    driver = driver_version()
+    if driver is None or torch.version.hip or CUDAAccelerator.is_available():
+        return None
+    build = torch.version.cuda
+    if build is None:
+        why = "it is a CPU build, without CUDA"
+        fix = f"install a CUDA build of torch {torch.__version__.split('+')[0]}"
+    else:
+        oldest = OLDEST_DRIVER.get(int(build.split(".")[0]))
+        too_old = oldest is not None and driver != "unknown" and int(driver.split(".")[0]) < oldest
+        why = f"it is built for CUDA {build}" + (f", which needs driver {oldest} or newer" if too_old else "")
+        fix = "install a torch built for a CUDA version this driver runs (or update the driver)"
+    return (
+        f"this node has NVIDIA GPUs (driver {driver} is loaded), but torch {torch.__version__} cannot use them: {why}. "
+        f"With trainer.accelerator={accelerator} the run would train on the CPU instead. To train on the GPUs, {fix}: "
+        "docs/versions.md shows how to pick the build for a driver (nvidia-smi shows the driver and the newest CUDA "
+        "version it runs). To train on the CPU on purpose, set trainer.accelerator=cpu (the launcher's cpu:N). "
+        "Nothing was started."
+    )
 
 
 def used_gpus(devices: Any) -> list[int]:
