@@ -1,8 +1,10 @@
 """The LightningCLI entry point, driven in-process: subcommands, plug-in modules, saved configs, bad input."""
 
+import gc
 import os
 import socket
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,22 @@ def test_the_imports_leave_the_garbage_collector_on_and_what_they_made_frozen(tm
     enabled, frozen = result.stdout.split()
     assert enabled == "True"
     assert int(frozen) > 100_000, "the objects torch and Lightning made are not frozen"
+
+
+def test_what_the_imports_froze_goes_back_to_the_collector_at_exit_only_beside_a_nanobind_extension():
+    nanobind_function = type("nb_func", (), {})()  # what nanobind's functions are, whatever their module
+    extension = types.ModuleType("bound")
+    extension.__file__, extension.f = "/site-packages/bound.cpython-313-x86_64-linux-gnu.so", nanobind_function
+    plain = types.ModuleType("plain")
+    plain.__file__, plain.f = "/site-packages/plain.py", nanobind_function  # not an extension: no nanobind there
+    gc.freeze()
+    try:
+        cli.unfreeze_for_nanobind({"plain": plain, "gc": gc})
+        assert gc.get_freeze_count() > 0, "unfrozen without a nanobind extension: a second of CPU at every exit"
+        cli.unfreeze_for_nanobind({"plain": plain, "bound": extension})
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
 
 
 def test_data_shapes_are_linked_into_the_model(run_cli):
