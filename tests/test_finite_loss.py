@@ -83,7 +83,10 @@ def test_with_non_finite_skip_the_bad_steps_are_left_out_and_the_run_ends_with_f
 
 def test_plain_lightning_cli_trains_on_and_saves_nan_weights_as_its_last_checkpoint(tmp_path):
     cli = plain_lightning_cli(
-        "--model=tests.zoo.ExplodingClassifier", "--data=tests.zoo.Blobs", "--trainer.max_epochs=4"
+        "--model=tests.zoo.ExplodingClassifier",
+        "--data=tests.zoo.Blobs",
+        "--trainer.max_epochs=4",
+        f"--trainer.default_root_dir={tmp_path}",  # its own checkpoints too, not in the working directory
     )
     cli.trainer.callbacks.append(ModelCheckpoint(dirpath=tmp_path, save_last=True))
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -48,6 +48,7 @@ def test_the_lock_is_inside_the_supported_range_and_not_newer_than_tested():
         (">=2.8", "2.5.1", False),
         (">=2.5,!=2.6.2,!=2.6.3", "2.6.2", False),
         (">=2.5,!=2.6.2,!=2.6.3", "2.5.0.post0", True),
+        (">=2.5.1", "2.5.0.post0", False),
         (">=4.53", "4.9.0", False),  # numbers, not text
     ],
 )
@@ -77,7 +78,7 @@ def test_the_launcher_and_the_doctor_refuse_a_withdrawn_lightning_first(tmp_path
     )
     assert run.returncode == 2
     assert run.stdout == ""  # nothing checked, nothing launched
-    assert run.stderr.startswith("error: lightning 2.6.2 is outside the range the template supports (lightning>=2.5,")
+    assert run.stderr.startswith("error: lightning 2.6.2 is outside the range the template supports (lightning>=2.5.1,")
     assert "2.6.2 and 2.6.3 were withdrawn" in run.stderr and "python -m scripts.install" in run.stderr
 
 
