@@ -1,5 +1,6 @@
 """A model with a head that gets no gradient, in a real 2-process DDP run: a clear stop, or training with the switch."""
 
+import copy
 import re
 from types import SimpleNamespace
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from models import AuxHeadModel
 from tests.helpers import DDP_YAML, REPO, run_job, run_script
@@ -138,3 +140,57 @@ def test_under_manual_optimization_every_backward_pass_of_the_first_step_is_chec
     unused = "discriminator.weight, discriminator.bias" if toggled else "generator.weight, generator.bias"
     with pytest.raises(MisconfigurationException, match=rf"manual_backward of a module .*\): {unused}\. DDP"):
         first_step(UnusedParameterCheck(), ddp, generator_loss, discriminator_loss)
+
+
+class WithAverage(torch.nn.Module):
+    """A network and a copy of it that training averages and never trains, as users keep an EMA of their weights:
+    torch's AveragedModel (timm's ModelEmaV2 holds a deepcopy the same way) or a deepcopy of their own."""
+
+    def __init__(self, kept_as: str) -> None:
+        super().__init__()
+        self.automatic_optimization = True
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+        averaged = AveragedModel(self.net, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+        self.ema = averaged if kept_as == "AveragedModel" else copy.deepcopy(self.net)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.mark.parametrize("kept_as", ["AveragedModel", "deepcopy"])
+def test_an_averaged_copy_of_the_model_is_named_as_a_copy_with_requires_grad_off_as_the_fix(
+    process_group_alone, kept_as
+):
+    model = WithAverage(kept_as)
+
+    def loss(ddp: DistributedDataParallel) -> torch.Tensor:
+        return ddp(torch.randn(16, 32)).square().mean()
+
+    with pytest.raises(MisconfigurationException) as stopped:
+        ddp = DistributedDataParallel(model)
+        first_step(UnusedParameterCheck(), ddp, lambda: loss(ddp))
+    paragraph = str(stopped.value)
+    assert "got no gradient in a backward pass of the first training step: every parameter of ema (a copy of net)" in (
+        paragraph
+    )
+    assert "call self.ema.requires_grad_(False) in the module's __init__" in paragraph
+    assert "find_unused.yaml" not in paragraph and "find_unused_parameters=true" not in paragraph
+    model = WithAverage(kept_as)
+    model.ema.requires_grad_(False)  # the fix it names, in __init__: the copy is no longer DDP's to reduce
+    ddp = DistributedDataParallel(model)
+    first_step(UnusedParameterCheck(), ddp, lambda: loss(ddp))
+    loss(ddp).backward()  # the second step, where DDP would have stopped
+    if kept_as == "AveragedModel":
+        model.ema.update_parameters(model.net)
+        assert int(model.ema.n_averaged) == 1
+
+
+def test_an_unused_single_layer_is_no_copy_whatever_its_shapes():
+    from training.callbacks.unused_parameters import copies_of_others
+
+    model = WithAverage("deepcopy")
+    model.head = torch.nn.Linear(16, 8)  # the shapes of net.2, but a head of its own
+    assert copies_of_others(model, ["head.weight", "head.bias"]) == {}
+    both = [name for name, _ in model.named_parameters() if name.startswith(("ema.", "head."))]
+    assert copies_of_others(model, both) == {}  # the head is no copy: the usual advice for all of them
+    assert copies_of_others(model, [name for name in both if name.startswith("ema.")]) == {"ema": "net"}
