@@ -10,7 +10,7 @@ import torch.distributed as dist
 import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
-from training.checkpoints.agreement import given_settings_problem
+from training.checkpoints.agreement import given_settings_problem, loads_problem
 from training.checkpoints.contents import counters
 from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
@@ -50,6 +50,37 @@ def test_a_checkpoint_of_another_model_stops_the_run_naming_the_difference(
     assert (run / "checkpoints" / "last.ckpt").read_bytes() == saved
     after = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     assert after == files, "the failed attempt left files in the run's directory"
+
+
+@pytest.mark.parametrize("compiled_in", ["fit", "validate"])
+def test_a_checkpoint_of_the_compiled_module_loads_into_it_uncompiled_and_back(
+    run_cli, capsys, tmp_path, one_process_group, compiled_in
+):
+    # torch.compile's eager backend: the same wrapper and keys as inductor's, without compiling C++ here.
+    compiled = ["--model.init_args.compile_backend=eager"]
+    args = ["-c", DDP_YAML, "--model=tests.zoo.MaybeCompiled", "--trainer.devices=1", "--trainer.limit_val_batches=2"]
+    run_cli(
+        "fit", *args, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", *compiled * (compiled_in == "fit")
+    )
+    checkpoint = torch.load(tmp_path / "logs" / "maybe_compiled" / "default" / "checkpoints" / "last.ckpt")
+    assert any("_orig_mod." in key for key in checkpoint["state_dict"]) == (compiled_in == "fit")
+    capsys.readouterr()
+    validate = run_cli("validate", *args, *compiled * (compiled_in == "validate"))
+    assert "holds another model" not in capsys.readouterr().err
+    trained = {key.replace("_orig_mod.", ""): value for key, value in checkpoint["state_dict"].items()}
+    loaded = {key.replace("_orig_mod.", ""): value for key, value in validate.model.state_dict().items()}
+    assert trained.keys() == loaded.keys() and all(torch.equal(trained[k], loaded[k]) for k in trained)
+    assert torch.isfinite(validate.trainer.callback_metrics["val/loss"]), "validate evaluated nothing"
+
+
+def test_an_evaluation_of_another_models_checkpoint_speaks_of_evaluating_not_resuming():
+    everyone = [("node 0 (a)", "last.ckpt", "missing: net.0.weight")]
+    assert loads_problem(everyone, "last.ckpt", fitting=False) == (
+        "the checkpoint last.ckpt holds another model than the config builds now (missing: net.0.weight). To evaluate "
+        "it, restore the model settings of that run, or give --ckpt_path a checkpoint of the model the config builds "
+        "now."
+    )
+    assert "To resume, restore the model settings" in loads_problem(everyone, "last.ckpt", fitting=True)
 
 
 def test_a_checkpoint_file_of_another_model_than_the_one_given_is_refused_before_lightning_swaps_it_in(

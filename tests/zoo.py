@@ -6,7 +6,8 @@ ReduceLROnPlateau on it (Lightning's docs) or a OneCycleLR sized by the run's to
 optimizer and scheduler and its network (lightning-hydra-template's MNIST module), a classifier whose accuracy
 saturates (a plateau), one whose learning rate explodes after its first epoch, samples read one at a time by
 DataLoader workers from storage that can hang, a stream without a length read from shards that ``prepare_data``
-writes, and an attention layer whose memory grows with the square of its sequences' length.
+writes, an attention layer whose memory grows with the square of its sequences' length, and a regressor that
+compiles its network with torch.compile when asked.
 """
 
 import os
@@ -432,3 +433,27 @@ class AttentionRegressor(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class MaybeCompiled(LightningModule):
+    """A regressor that compiles its network when asked (``--model.init_args.compile_backend=inductor``), as users
+    add torch.compile to a module: its checkpoints' keys then carry torch.compile's ``_orig_mod.``."""
+
+    def __init__(self, in_features: int = 32, out_features: int = 8, compile_backend: str | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        net = nn.Sequential(nn.Linear(in_features, 16), nn.ReLU(), nn.Linear(16, out_features))
+        self.net = torch.compile(net, backend=compile_backend) if compile_backend else net
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = F.mse_loss(self.net(x), y)
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val/loss", F.mse_loss(self.net(x), y), sync_dist=True)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)

@@ -17,11 +17,12 @@ import torch.distributed as dist
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy as LightningDDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.distributed import Store
 from torch.distributed.constants import default_pg_timeout
 
-from training.checkpoints.agreement import loads_problem, model_mismatch
+from training.checkpoints.agreement import loads_problem, model_mismatch, without_compile
 from training.checkpoints.save_agreement import SaveAgreement
 from training.heartbeat.liveness import Liveness
 from training.heartbeat.stall import Activity
@@ -149,9 +150,9 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         # Reported in setup() by every process at once: a process that raised here alone would leave the
         # others waiting for it in a collective.
         # strict is the module's strict_loading: without it a partial checkpoint is what the user asked for.
-        self.checkpoint_problem = (
-            model_mismatch(self.lightning_module.state_dict(), checkpoint["state_dict"]) if strict else ""
-        )
+        model = self.lightning_module.state_dict()
+        checkpoint["state_dict"] = without_compile(model, checkpoint["state_dict"])  # compiled, or not, the same
+        self.checkpoint_problem = model_mismatch(model, checkpoint["state_dict"]) if strict else ""
         if not self.checkpoint_problem:
             super().load_model_state_dict(checkpoint, strict)
 
@@ -169,7 +170,7 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             dist.all_gather_object(everyone, mine)
         self.checkpoint_problem = ""
         self.running = trainer
-        if problem := loads_problem(everyone, trainer.ckpt_path):
+        if problem := loads_problem(everyone, trainer.ckpt_path, trainer.state.fn == TrainerFn.FITTING):
             raise StartupError(problem)
         super().setup(trainer)
 

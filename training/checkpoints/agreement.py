@@ -11,9 +11,9 @@ import torch
 from training.job.roster import FIXES
 
 
-def loads_problem(everyone: list[tuple[str, str, str]], ckpt_path: str | None) -> str | None:
+def loads_problem(everyone: list[tuple[str, str, str]], ckpt_path: str | None, fitting: bool = True) -> str | None:
     """The paragraph when the processes' ``(where, checkpoint it loads, its problem)`` disagree or one checkpoint
-    does not fit the model, or None."""
+    does not fit the model, or None; ``fitting``: for fit, which resumes, not for validate, test or predict."""
     loads = {where: fact for where, fact, _ in everyone}
     if len(set(loads.values())) > 1:
         shown = ", ".join(f"{where} loads {fact}" for where, fact in loads.items())
@@ -21,12 +21,24 @@ def loads_problem(everyone: list[tuple[str, str, str]], ckpt_path: str | None) -
             f"the job cannot start, its processes load different checkpoints: {shown}. To fix: {FIXES['checkpoint']}."
         )
     if problem := next((problem for _, _, problem in everyone if problem), ""):
-        return (
-            f"the checkpoint {ckpt_path} holds another model than the config builds now ({problem}). "
-            "To resume, restore the model settings of that run; to train the changed model, start a new run "
-            "with RUN_ID=<new id>."
+        fix = (
+            "To resume, restore the model settings of that run; to train the changed model, start a new run with "
+            "RUN_ID=<new id>."
+            if fitting
+            else "To evaluate it, restore the model settings of that run, or give --ckpt_path a checkpoint of the "
+            "model the config builds now."
         )
+        return f"the checkpoint {ckpt_path} holds another model than the config builds now ({problem}). {fix}"
     return None
+
+
+def without_compile(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``saved`` under the key names of ``model`` where the two differ only by torch.compile's ``_orig_mod.`` (a
+    checkpoint of the compiled module into the same module uncompiled, or back); else ``saved`` as it is."""
+    plain = {key.replace("_orig_mod.", ""): key for key in model}
+    if model.keys() == saved.keys() or plain.keys() != {key.replace("_orig_mod.", "") for key in saved}:
+        return saved
+    return {plain[key.replace("_orig_mod.", "")]: value for key, value in saved.items()}
 
 
 def model_mismatch(model: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str:
