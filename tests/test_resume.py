@@ -11,7 +11,7 @@ import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
 from training.checkpoints.agreement import given_settings_problem, loads_problem
-from training.checkpoints.contents import counters
+from training.checkpoints.contents import counters, size_text
 from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
 
@@ -71,6 +71,36 @@ def test_a_checkpoint_of_the_compiled_module_loads_into_it_uncompiled_and_back(
     loaded = {key.replace("_orig_mod.", ""): value for key, value in validate.model.state_dict().items()}
     assert trained.keys() == loaded.keys() and all(torch.equal(trained[k], loaded[k]) for k in trained)
     assert torch.isfinite(validate.trainer.callback_metrics["val/loss"]), "validate evaluated nothing"
+
+
+def test_a_checkpoint_holding_a_numpy_array_is_named_with_the_type_and_the_fixes_and_resumes_as_told(
+    run_cli, capsys, tmp_path
+):
+    args = [
+        "fit",
+        "-c",
+        DDP_YAML,
+        *SINGLE_PROCESS,
+        "--model=tests.zoo.NumpyStatistics",
+        "--trainer.limit_val_batches=1",
+    ]
+    args += ["--trainer.limit_train_batches=2"]
+    run_cli(*args, "--trainer.max_epochs=1")
+    last = tmp_path / "logs" / "numpy_statistics" / "default" / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    capsys.readouterr()
+    err = fails(run_cli, capsys, *args, "--trainer.max_epochs=2")
+    paragraph = err.strip().splitlines()[-1]
+    assert paragraph.startswith(
+        f"error: {last} ({size_text(len(saved))}) holds an object of type numpy._core.multiarray._reconstruct, which "
+        "the run cannot load the way it loads checkpoints, torch.load(weights_only=True) (the config's weights_only; "
+        "torch: Unsupported global: GLOBAL numpy._core.multiarray._reconstruct was not an allowed global by default."
+    )
+    assert "torch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct])" in paragraph
+    assert "--weights_only=false" in paragraph and "\x1b" not in err and "Give another checkpoint" not in paragraph
+    assert last.read_bytes() == saved
+    resumed = run_cli(*args, "--trainer.max_epochs=2", "--weights_only=false")  # the fix for a file one trusts
+    assert resumed.trainer.global_step == 4
 
 
 def test_an_evaluation_of_another_models_checkpoint_speaks_of_evaluating_not_resuming():

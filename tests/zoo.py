@@ -7,13 +7,14 @@ optimizer and scheduler and its network (lightning-hydra-template's MNIST module
 saturates (a plateau), one whose learning rate explodes after its first epoch, samples read one at a time by
 DataLoader workers from storage that can hang, a stream without a length read from shards that ``prepare_data``
 writes, an attention layer whose memory grows with the square of its sequences' length, and a regressor that
-compiles its network with torch.compile when asked.
+compiles its network with torch.compile when asked, and one that keeps numpy statistics in its checkpoints.
 """
 
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningDataModule, LightningModule
@@ -457,3 +458,21 @@ class MaybeCompiled(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class NumpyStatistics(MaybeCompiled):
+    """A regressor that keeps a running mean of its targets as a numpy array and saves it in its checkpoints, as users
+    keep a scaler's statistics (``on_save_checkpoint``)."""
+
+    def __init__(self, in_features: int = 32, out_features: int = 8) -> None:
+        super().__init__(in_features, out_features)
+        self.target_mean = np.zeros(out_features)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        self.target_mean = 0.9 * self.target_mean + 0.1 * batch[1].mean(0).numpy()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["target_mean"] = self.target_mean
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.target_mean = checkpoint["target_mean"]

@@ -3,6 +3,7 @@ in plain words with the file's size (torch's own errors speak of mmap, miniz and
 
 import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import torch
 from training.run.storage import shown
 
 ZIP_START = b"PK\x03\x04"  # torch.save writes a zip archive: its first four bytes
+# torch.load(weights_only=True)'s own sentence on an object it does not unpickle (among lines with terminal escapes).
+REFUSED = re.compile(r"WeightsUnpickler error: (Unsupported global: GLOBAL ([\w.]+)[^\n]*)")
 
 
 def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
@@ -24,10 +27,25 @@ def counters(path: str | Path, weights_only: bool = True) -> tuple[int, int]:
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {}).get("current", {})
         return progress.get("started", checkpoint["epoch"] + 1), checkpoint["global_step"]
     except (OSError, RuntimeError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as error:
+        if refused := REFUSED.search(str(error)):
+            raise ValueError(unsafe_object(path, refused[2], refused[1])) from None
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ValueError(
             f"{described(path)} cannot be read as a Lightning checkpoint ({reason}). {advice(path)}"
         ) from None
+
+
+def unsafe_object(path: str | Path, name: str, cause: str) -> str:
+    """The paragraph for a checkpoint holding an object of type ``name`` that torch.load(weights_only=True) refuses
+    (``cause``, torch's words). Every checkpoint the same module saved holds one: none is offered instead."""
+    return (
+        f"{described(path)} holds an object of type {name}, which the run cannot load the way it loads checkpoints, "
+        f"torch.load(weights_only=True) (the config's weights_only; torch: {cause.strip()}). Nothing was "
+        "changed. Store tensors and plain types in the checkpoint instead (torch.from_numpy for an array, in the "
+        "module's on_save_checkpoint, and back in on_load_checkpoint); or, for a file you trust, allow the type: "
+        f"torch.serialization.add_safe_globals([{name}]) where the module is defined, or --weights_only=false, which "
+        "unpickles whatever the file holds."
+    )
 
 
 def damage(path: str | Path) -> str | None:

@@ -79,10 +79,11 @@ def found_by_lightning(ckpt_path: str) -> bool:
     return ckpt_path in ("best", "hpc") or ckpt_path.startswith("registry")
 
 
-def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None) -> str | None:
+def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None, weights_only: bool = True) -> str | None:
     """What is wrong with ``--ckpt_path``, or None: a path that does not exist, a directory that is no sharded
-    checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint, a name Lightning cannot resolve in
-    this process. ``root_dir`` is ``trainer.default_root_dir`` (None: the working directory)."""
+    checkpoint (configs/fsdp.yaml writes those), a file that is no checkpoint (read as ``weights_only`` says), a name
+    Lightning cannot resolve in this process. ``root_dir`` is ``trainer.default_root_dir`` (None: the working
+    directory)."""
     if ckpt_path in (None, "last", UNTRAINED):
         return None
     if found_by_lightning(ckpt_path):
@@ -108,7 +109,7 @@ def checkpoint_problem(ckpt_path: str | None, root_dir: str | None = None) -> st
         )
     if not is_remote(ckpt_path) and Path(ckpt_path).is_file():  # a remote one is read once, by Lightning
         try:
-            counters(ckpt_path)
+            counters(ckpt_path, weights_only)
         except ValueError as error:
             return str(error)
     return None

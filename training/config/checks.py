@@ -40,7 +40,7 @@ def config_problem(settings: dict[str, Any]) -> str | None:
     root_dir = (settings.get("trainer") or {}).get("default_root_dir")
     return (
         storage_problem(settings)
-        or checkpoint_problem(settings.get("ckpt_path"), root_dir)
+        or checkpoint_problem(settings.get("ckpt_path"), root_dir, settings.get("weights_only") is not False)
         or optimizer_problem(settings)
         or optimizer_flags_problem(settings)
         or unusable_gpus_problem(settings)
