@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 
 from training.job.early import not_ignored
 from training.job.node_processes import speaks_for_node
@@ -147,9 +148,16 @@ class StopRequests:
         if launcher is not None:  # the processes it started on this node
             launcher.kill(signum)
         node = f"node {self.trainer.node_rank} ({socket.gethostname()})"
-        raise Stopped(
-            f"{node} was stopped by {cause(signum)} before training started: nothing was trained and no checkpoint was "
-            "written. Run the same command again (on every node) to start the job."
+        doing = self.trainer.state.fn
+        if doing == TrainerFn.FITTING:
+            raise Stopped(
+                f"{node} was stopped by {cause(signum)} before training started: nothing was trained and no checkpoint "
+                "was written. Run the same command again (on every node) to start the job."
+            )
+        raise Stopped(  # validate, test or predict: what they write comes at their end
+            f"{node} was stopped by {cause(signum)} before {doing.value} ended: it wrote no "
+            f"{'predictions' if doing == TrainerFn.PREDICTING else 'metrics'}, and the run's checkpoints are as they "
+            f"were. Run the same command again (on every node) to {doing.value}."
         )
 
 
