@@ -116,10 +116,10 @@ class CLI(LightningCLI):
         # Runs in the launching process: an unreadable checkpoint, a run past its end or a predict without trained
         # weights stops here, before any other process starts.
         config = self.config[self.subcommand]
+        if LIGHTNING_2_5 and config.get("weights_only") is not None:  # 2.5 loads every checkpoint as a full pickle
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = str(int(config.weights_only))  # torch's own switch
         if problem := start_problem(self.trainer, self.subcommand, config.ckpt_path, config.get("weights_only")):
             self.parser.error(problem)
-        if config.get("weights_only") and LIGHTNING_2_5:  # which loads every checkpoint as a full pickle otherwise
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"  # torch's own switch
         # A data module may say what it cannot feed this many processes (data.Seq2SeqDataModule does).
         check = getattr(self.datamodule, "processes_problem", None) if self.subcommand in ("fit", "validate") else None
         if check is not None and (problem := check(self.trainer.world_size)):
