@@ -281,25 +281,6 @@ def test_ctrl_c_or_sighup_while_the_job_starts_stops_every_process_with_one_para
     assert result["checkpoints"] == []
 
 
-def test_ctrl_c_in_predict_speaks_of_the_predictions_not_of_training(tmp_path):
-    hold = tmp_path / "hold"
-    hold.touch()
-    options = STARTING["set_up"][0](hold)
-    job = start(tmp_path, *options, "--ckpt_path=untrained", subcommand="predict")
-    wait_for_hold(hold, 2, job)
-    os.killpg(job.pid, signal.SIGINT)
-    result = ended(tmp_path, job)
-    hold.unlink()
-    assert result["status"] == 1, result["output"]
-    assert last_paragraph(result["output"]) == (
-        f"error: node 0 ({socket.gethostname()}) was stopped by Ctrl-C (SIGINT) before predict ended: it wrote no "
-        "predictions, and the run's checkpoints are as they were. Run the same command again (on every node) to "
-        "predict."
-    )
-    assert result["left"] == [], "processes of the job left running"
-    assert not list(tmp_path.rglob("predictions.pt"))
-
-
 def test_ctrl_c_while_cli_imports_torch_and_lightning_stops_it_with_a_paragraph(tmp_path):
     job = start(tmp_path)
     while not catches(job.pid, signal.SIGHUP):  # cli.py's first lines take SIGHUP with SIGINT; Python has SIGINT

@@ -231,9 +231,10 @@ def terminated_once_set_up(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def terminated_validate_of_one_process(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("validate")
-    return terminated_while_held(workdir, 1, *held_while_starting(workdir, "set_up"), subcommand="validate")
+def terminated_predict_of_one_process(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("predict")
+    held = held_while_starting(workdir, "set_up")
+    return terminated_while_held(workdir, 1, *held, "--ckpt_path=untrained", subcommand="predict")
 
 
 def assert_stopped_before_training(stopped: dict) -> None:
@@ -256,10 +257,19 @@ def test_sigterm_after_the_strategys_setup_stops_every_process_with_one_paragrap
     assert_stopped_before_training(terminated_once_set_up)
 
 
-def test_sigterm_before_lightnings_handler_in_a_one_process_validate_stops_it_with_a_paragraph(
-    terminated_validate_of_one_process,
+def test_sigterm_before_lightnings_handler_in_a_one_process_predict_stops_it_speaking_of_the_predictions(
+    terminated_predict_of_one_process,
 ):
-    assert_stopped_before_training(terminated_validate_of_one_process)
+    stopped = terminated_predict_of_one_process
+    assert stopped["status"] == 1, stopped["output"]
+    assert stopped["left"] == [], "processes of the job left running"
+    assert last_paragraph(stopped["output"]) == (
+        f"error: node 0 ({socket.gethostname()}) was stopped by a signal (SIGTERM) before predict ended: it wrote no "
+        "predictions, and the run's checkpoints are as they were. Run the same command again (on every node) to "
+        "predict."
+    )
+    assert stopped["output"].count("error: ") == 1, stopped["output"]
+    assert stopped["checkpoints"] == []
 
 
 def test_sigterm_once_the_run_has_ended_ends_the_process_as_without_the_template(tmp_path):
