@@ -51,13 +51,13 @@ ROWS = (
     Row("3.11", "2.8.0", "2.5.6"),
     Row("3.11", "2.8.0", "2.6.6"),
     Row("3.11", "2.13.0", "2.6.6"),  # the lock's pair
-    Row("3.11", "2.13.0", "2.5.1"),  # "oldest": the lock's torch, which a CPU-only machine can have without CUDA wheels
+    Row("3.11", "2.13.0", "2.5.2"),  # "oldest": the lock's torch, which a CPU-only machine can have without CUDA wheels
     Row("3.12", "2.11.0", "2.6.6"),
     Row("3.12", "2.11.0", "2.5.6"),
     Row("3.13", "2.15.0", "2.6.6"),
     Row("3.13", "2.15.0", "2.5.6"),
 )
-ALIASES = {"oldest": "py3.11-torch2.13-lightning2.5.1"}
+ALIASES = {"oldest": "py3.11-torch2.13-lightning2.5.2"}
 
 
 class RowFailed(Exception):

@@ -78,7 +78,7 @@ def test_the_launcher_and_the_doctor_refuse_a_withdrawn_lightning_first(tmp_path
     )
     assert run.returncode == 2
     assert run.stdout == ""  # nothing checked, nothing launched
-    assert run.stderr.startswith("error: lightning 2.6.2 is outside the range the template supports (lightning>=2.5.1,")
+    assert run.stderr.startswith("error: lightning 2.6.2 is outside the range the template supports (lightning>=2.5.2,")
     assert "2.6.2 and 2.6.3 were withdrawn" in run.stderr and "python -m scripts.install" in run.stderr
 
 

@@ -26,7 +26,7 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, su
 from lightning.pytorch.trainer import call
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
-# The oldest Lightning the template supports (pyproject.toml) differs where a use says so; checked with 2.5.1 and 2.5.6.
+# The oldest Lightning the template supports (pyproject.toml) differs where a use says so; checked with 2.5.2 and 2.5.6.
 LIGHTNING_2_5 = lightning.__version__.startswith("2.5.")
 LIGHTNING_CALLBACK_DISPATCH = call._call_callback_hooks
 
