@@ -387,7 +387,7 @@ def test_a_trainer_value_lightning_takes_unchecked_stops_before_anything_starts(
     run_cli, capsys, tmp_path, setting, told
 ):
     err = one_paragraph(expect_usage_error(run_cli, capsys, "fit", "-c", DDP_YAML, f"--trainer.{setting}"))
-    assert err.startswith(f"error: trainer.{setting.replace('=-1', '=-1.0')}: {told}")
+    assert err.startswith(f"error: trainer.{setting}: {told}")  # the value as given, whatever type the Trainer has
     assert not (tmp_path / "logs").exists()
 
 

@@ -146,7 +146,9 @@ def trainer_problem(config: dict[str, Any]) -> str | None:
         )
     for key, fits, wrong, takes in RANGES:
         if key in trainer and not fits(trainer[key]):
-            return f"trainer.{key}={trainer[key]}: Lightning {wrong}. trainer.{key} takes {takes}."
+            value = trainer[key]  # as given: where the Trainer takes a float (Lightning 2.6), -1 is read as -1.0
+            shown = int(value) if isinstance(value, float) and value.is_integer() else value
+            return f"trainer.{key}={shown}: Lightning {wrong}. trainer.{key} takes {takes}."
     strategy = trainer.get("strategy")
     waits = (strategy.get("init_args") or {}) if isinstance(strategy, dict) else {}
     for key in ("timeout", "join_timeout", "peer_timeout"):  # training.DDPStrategy's
