@@ -39,6 +39,7 @@ def allows(specifier: str, version: str) -> bool:
     return True
 
 
+@functools.cache  # the refusal and the notes ask for each package
 def installed(name: str) -> str | None:
     """The version of distribution ``name`` that this Python imports, or None. Read from the name of its dist-info
     directory: importing importlib.metadata would cost most of this check's time, in every process of every run."""
