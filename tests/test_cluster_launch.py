@@ -187,7 +187,8 @@ def test_a_killed_launcher_stops_every_node_and_spares_a_job_with_the_same_comma
     for rank, host in enumerate(cluster.hosts):
         assert f"node {rank}: terminated, stopping training: sending SIGTERM" in printed_by(output, rank, host)
     assert "still running after" not in output, "training ignored the stop and was killed"
-    assert "Stopped by a signal at epoch " in printed_by(output, 0, cluster.hosts[0]), "no checkpoint was saved"
+    stopped = "Stopped by a signal (SIGTERM) at epoch "
+    assert stopped in printed_by(output, 0, cluster.hosts[0]), "no checkpoint was saved"
     assert decoy.poll() is None, "the other job's process was stopped"
 
 

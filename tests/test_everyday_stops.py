@@ -1,9 +1,11 @@
 """The everyday stops of a one-node job (``python cli.py fit``, 2 CPU processes) as a terminal delivers them: to the
 whole process group, as Ctrl-C does, or by closing the terminal itself.
 
-One run is stopped twice and resumed by the same command each time: Ctrl-C in epoch 0, then its terminal closed in
-epoch 1 (SIGHUP), then trained to its end. Another run gets Ctrl-C twice. Each phase of a start (cli.py's imports,
-the node's processes started, the strategy set up, the sanity check) gets Ctrl-C or SIGHUP once.
+One run, its samples read by DataLoader workers, is stopped three times and resumed by the same command each time:
+Ctrl-C in epoch 0, SIGTERM to every process of the run (as GNU ``timeout``, Slurm and systemd send it) in epoch 1,
+then its terminal closed in epoch 2 (SIGHUP), then trained to its end. Another run gets Ctrl-C twice. Each phase of a
+start (cli.py's imports, the node's processes started, the strategy set up, the sanity check) gets Ctrl-C or SIGHUP
+once.
 """
 
 import os
@@ -50,7 +52,15 @@ RUN = [
     f"--trainer.callbacks.seconds={PACE}",
     "--trainer.callbacks.progress_file=progress.step",
 ]
-INTERRUPT_STEP, HANGUP_STEP = 10, STEPS_PER_EPOCH + 10
+INTERRUPT_STEP, TERMINATE_STEP, HANGUP_STEP = 10, STEPS_PER_EPOCH + 10, 2 * STEPS_PER_EPOCH + 10
+# The same samples and steps, read by 2 DataLoader workers per rank, for 3 epochs.
+READ_BY_WORKERS = [
+    *RUN,
+    "--trainer.max_epochs=3",
+    "--data=tests.zoo.FileSamples",
+    "--data.init_args.num_samples=8192",
+    "--data.init_args.batch_size=64",
+]
 
 
 def signalled_at(workdir: Path, hold: Path, step: int, signum: int, *args: str) -> dict:
@@ -139,17 +149,25 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def interrupted(workdir):
     """Ctrl-C while the ranks hold at INTERRUPT_STEP."""
-    result = signalled_at(workdir, workdir / "interrupt.hold", INTERRUPT_STEP, signal.SIGINT, *RUN)
+    result = signalled_at(workdir, workdir / "interrupt.hold", INTERRUPT_STEP, signal.SIGINT, *READ_BY_WORKERS)
     return result | {"checkpoint": saved(result)}
 
 
 @pytest.fixture(scope="module")
-def hung_up(workdir, interrupted):
+def terminated(workdir, interrupted):
+    """The same command, its process group sent SIGTERM while the ranks hold at TERMINATE_STEP."""
+    hold = workdir / "terminate.hold"
+    result = signalled_at(workdir, hold, TERMINATE_STEP, signal.SIGTERM, *READ_BY_WORKERS)
+    return result | {"checkpoint": saved(result)}
+
+
+@pytest.fixture(scope="module")
+def hung_up(workdir, terminated):
     """The same command in a terminal, which closes while the ranks hold at HANGUP_STEP."""
     hold = workdir / "hangup.hold"
     hold.touch()
     terminal = Terminal(workdir / "output")
-    job = start(workdir, *RUN, *held_at(hold, HANGUP_STEP), terminal=terminal.take_control)
+    job = start(workdir, *READ_BY_WORKERS, *held_at(hold, HANGUP_STEP), terminal=terminal.take_control)
     os.close(terminal.slave)
     wait_for_hold(hold, 2, job)
     terminal.close()
@@ -162,7 +180,7 @@ def hung_up(workdir, interrupted):
 
 @pytest.fixture(scope="module")
 def finished(workdir, hung_up):
-    job = start(workdir, *RUN)
+    job = start(workdir, *READ_BY_WORKERS)
     return ended(workdir, job, within=600)
 
 
@@ -180,13 +198,25 @@ def test_ctrl_c_in_training_saves_last_ckpt_says_so_once_and_stops_every_process
     assert interrupted["checkpoints"] == ["last.ckpt"]
 
 
-def test_a_closed_terminal_saves_last_ckpt_and_writes_the_paragraph_to_the_node_log(interrupted, hung_up):
-    assert hung_up["status"] == 129, hung_up["output"] + hung_up["log"]
+def test_sigterm_to_every_process_with_dataloader_workers_saves_and_stops_as_sigterm_to_one(interrupted, terminated):
+    assert terminated["status"] == 0, terminated["output"]
     resumed_at = interrupted["checkpoint"]["global_step"]
-    assert f"(epoch 0, step {resumed_at})." in hung_up["output"]
+    assert f"(epoch 0, step {resumed_at})." in terminated["output"]
+    stop = stop_line(terminated["output"])  # no traceback of a worker killed by the signal
+    assert stop[1] == "a signal (SIGTERM)"
+    assert stop[2] == "1" and TERMINATE_STEP <= int(stop[3]) < 2 * STEPS_PER_EPOCH
+    assert terminated["checkpoint"]["global_step"] == int(stop[3])
+    assert terminated["output"].count("Stopped by") == 1
+    assert terminated["left"] == [], "processes of the job left running"
+
+
+def test_a_closed_terminal_saves_last_ckpt_and_writes_the_paragraph_to_the_node_log(terminated, hung_up):
+    assert hung_up["status"] == 129, hung_up["output"] + hung_up["log"]
+    resumed_at = terminated["checkpoint"]["global_step"]
+    assert f"(epoch 1, step {resumed_at})." in hung_up["output"]
     stop = stop_line(hung_up["log"])
     assert stop[1] == "its terminal closing (SIGHUP)"
-    assert stop[2] == "1" and HANGUP_STEP <= int(stop[3]) < 2 * STEPS_PER_EPOCH
+    assert stop[2] == "2" and HANGUP_STEP <= int(stop[3]) < 3 * STEPS_PER_EPOCH
     assert hung_up["checkpoint"]["global_step"] == int(stop[3])
     assert hung_up["left"] == [], "processes of the job left running"
 
@@ -194,8 +224,8 @@ def test_a_closed_terminal_saves_last_ckpt_and_writes_the_paragraph_to_the_node_
 def test_the_same_command_resumes_after_each_stop_and_trains_to_the_end(hung_up, finished):
     assert finished["status"] == 0, finished["output"]
     step = hung_up["checkpoint"]["global_step"]
-    assert f"Resuming from {finished['run']}/checkpoints/last.ckpt (epoch 1, step {step})." in finished["output"]
-    assert saved(finished)["global_step"] == 2 * STEPS_PER_EPOCH
+    assert f"Resuming from {finished['run']}/checkpoints/last.ckpt (epoch 2, step {step})." in finished["output"]
+    assert saved(finished)["global_step"] == 3 * STEPS_PER_EPOCH
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,7 @@ def test_the_stop_paragraph_starts_on_a_line_of_its_own_after_a_progress_bar(tmp
         save_checkpoint=lambda path, weights_only: saved.append(path),
         current_epoch=1,
         global_step=74,
+        num_nodes=1,
         progress_bar_callback=ProgressBar(),  # its line stays open, without a newline, until it is drawn again
     )
     with caplog.at_level(logging.INFO):
@@ -197,7 +198,8 @@ def test_sigterm_to_the_launcher_saves_a_checkpoint_mid_epoch_and_stops_every_pr
     step = saved["global_step"]
     assert SIGTERM_STEP <= step < 2 * STEPS_PER_EPOCH, "the checkpoint is not from where the signal arrived"
     assert "terminated, stopping training: sending SIGTERM to" in output
-    assert f"Stopped by a signal at epoch 1, step {step}: saved logs/toy/{RUN}/checkpoints/last.ckpt" in output
+    stop = f"Stopped by a signal (SIGTERM) at epoch 1, step {step}: saved logs/toy/{RUN}/checkpoints/last.ckpt"
+    assert stop in output
     assert "still running after" not in output, "training ignored the signal and was killed"
     assert not list((project / "logs" / "toy" / RUN / "checkpoints").glob(".*.partial"))
     assert_everything_stopped(project, port)

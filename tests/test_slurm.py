@@ -113,7 +113,7 @@ def test_each_task_is_bound_to_its_cpus_per_task_and_runs_that_many_threads(requ
 def test_the_time_limit_signal_requeues_the_job_which_resumes_and_keeps_both_attempts_output(requeued):
     _, job_id, output, job, _ = requeued
     assert job["Restarts"] == "1", job
-    stopped = re.search(r"Stopped by a signal at epoch 0, step (\d+): saved \S+/last\.ckpt", output)
+    stopped = re.search(r"Stopped by a signal \(SIG\w+\) at epoch 0, step (\d+): saved \S+/last\.ckpt", output)
     assert stopped, output
     step = int(stopped.group(1))
     assert HOLD_STEP < step < STEPS_PER_EPOCH, "the checkpoint is not from where the signal arrived"

@@ -185,7 +185,7 @@ def test_a_gan_predicts_through_the_template_what_plain_lightning_cli_predicts(g
 
 @pytest.mark.distributed
 def test_a_gan_stopped_by_sigterm_saves_both_optimizers_mid_epoch_and_the_same_command_continues(gan):
-    stop = r"Stopped by a signal at epoch 0, step (\d+): saved logs/gan/preempted/checkpoints/last\.ckpt"
+    stop = r"Stopped by a signal \(SIGTERM\) at epoch 0, step (\d+): saved logs/gan/preempted/checkpoints/last\.ckpt"
     step = int(re.search(stop, gan["stopped"]).group(1))
     saved = gan["stopped_checkpoint"]
     assert saved["global_step"] == step >= 2

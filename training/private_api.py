@@ -11,6 +11,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, subprocess_script
 from lightning.pytorch.trainer import call
+from torch.utils.data._utils.worker import _worker_loop
 
 CHECKED_WITH = {"lightning": "2.6.6", "jsonargparse": "4.53.0"}
 # The oldest Lightning the template supports (pyproject.toml) differs where a use says so; checked with 2.5.2 and 2.5.6.
@@ -135,6 +137,16 @@ def before_lightning_takes_signals(trainer: Trainer, hand_over: Callable[[], Non
 
     connector.register_signal_handlers = registering
     return True
+
+
+def is_data_loader_worker(process: BaseProcess) -> bool:
+    """Whether ``process``, multiprocessing's object for a process it has just forked, is a DataLoader worker.
+
+    training/job/forked.py leaves the stop signals to a worker's rank. torch starts every worker (of the template's
+    loaders, a user's, Lightning's re-made ones) with the target ``_worker_loop``, which multiprocessing keeps only in
+    ``_target``; checked with torch 2.8, 2.11, 2.13 and 2.15.
+    """
+    return getattr(process, "_target", None) is _worker_loop
 
 
 def main_thread_stack(frames: int) -> list[str]:

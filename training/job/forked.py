@@ -1,7 +1,13 @@
 """Processes a rank forks through multiprocessing (DataLoader workers, a module's own pools) end with it, however it
 ended: a worker stuck in a dataset's ``__getitem__`` never looks at its parent again, and would outlive the job holding
 the run's fit.lock, the node log's pipe and, on a GPU machine, memory. Linux ends such a child when the thread that
-forked it ends: Lightning iterates its loaders in the main thread."""
+forked it ends: Lightning iterates its loaders in the main thread.
+
+A DataLoader worker leaves the stop signals to its rank. A signal to every process of the job (``kill -TERM -PGID``,
+GNU ``timeout``, Slurm at a time limit, systemd) reaches the workers too; torch's worker dies of a SIGTERM from
+anyone but its rank, and the rank, one batch short, would fail with "DataLoader worker (pid N) is killed by signal"
+instead of saving at the next step. A pool of the module's own keeps the signals' usual effect: ``Pool.terminate``
+ends its workers with SIGTERM."""
 
 import ctypes
 import multiprocessing
@@ -9,12 +15,18 @@ import multiprocessing.util
 import os
 import signal
 
+from training.job.early import STOP_SIGNALS
+from training.private_api import is_data_loader_worker
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def end_with_parent(_: object) -> None:
-    """In a child multiprocessing has just forked: SIGKILL once the parent ends."""
+    """In a child multiprocessing has just forked: SIGKILL once the parent ends; a DataLoader worker blocks the stop
+    signals (the processes it starts inherit that)."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if is_data_loader_worker(multiprocessing.current_process()):
+        signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGUSR1))
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the parent ended before the line above
         os._exit(1)
