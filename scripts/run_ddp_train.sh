@@ -48,15 +48,22 @@ launch_processes() {
     grep -lxzF "DDP_LAUNCH_ID=$launch_id" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | paste -sd ' ' - || true
 }
 
+# A line of this script's own: on a line of its own after a progress bar's, on the terminal and in the node's log.
+# shellcheck disable=SC2329  # called from traps
+say() {
+    printf '\n%s\n' "$*" >&"$terminal"
+    printf '\n%s\n' "$*" >>"$log_file" 2>/dev/null || true
+}
+
 # Send signal $1 to the pids in $3, then SIGKILL whatever of this launch still runs after STOP_TIMEOUT.
 # shellcheck disable=SC2329  # called from traps
 stop_launch() {
     local signal=$1 why=$2 targets=$3 deadline pids
     [[ -n $targets ]] || return 0
-    echo "node $NODE_RANK: $why: sending SIG$signal to $targets" >&2
+    say "node $NODE_RANK: $why: sending SIG$signal to $targets"
     # shellcheck disable=SC2086  # one pid per word
     kill -s "$signal" $targets 2>/dev/null || true
-    trap 'stop_launch KILL "interrupted again" "$(launch_processes)"' INT TERM
+    trap stop_at_once INT TERM
     trap '' HUP # a closed terminal may send it twice: from the shell, and as its last process leaves it
     deadline=$((SECONDS + STOP_TIMEOUT))
     while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
@@ -64,10 +71,18 @@ stop_launch() {
     done
     pids=$(launch_processes)
     if [[ -n $pids ]]; then
-        echo "node $NODE_RANK: still running after ${STOP_TIMEOUT}s: sending SIGKILL to $pids" >&2
+        say "node $NODE_RANK: still running after ${STOP_TIMEOUT}s: sending SIGKILL to $pids"
         # shellcheck disable=SC2086
         kill -s KILL $pids 2>/dev/null || true
     fi
+}
+
+# A second Ctrl-C or SIGTERM while training stops: end it now, as a second Ctrl-C to python cli.py does.
+# shellcheck disable=SC2329  # called from traps
+stop_at_once() {
+    stop_launch KILL "interrupted again" "$(launch_processes)"
+    say "error: node $NODE_RANK was stopped at once: nothing more was saved. Run the same command again to resume" \
+        "from the run's last checkpoint."
 }
 
 # The signal goes to the process this script started, which passes it on exactly once to the processes it
@@ -79,11 +94,11 @@ forward() {
     stop_launch "$1" "$2" "$(kill -0 "$child" 2>/dev/null && echo "$child")"
 }
 
-# The terminal closed: training saves and stops as on Ctrl-C, and this script's own words go to the node's log, as
+# The terminal closed: training saves and stops as on Ctrl-C, and this script's own words go to the node's log only, as
 # training's do (tee writes on to the log after the terminal is gone).
 # shellcheck disable=SC2329  # called from traps
 hung_up() {
-    exec >>"$log_file" 2>&1
+    exec >/dev/null 2>&1 {terminal}>/dev/null
     forward HUP "the terminal closed, stopping training"
 }
 
@@ -92,6 +107,7 @@ hung_up() {
 # shellcheck disable=SC2329  # runs in the background
 log_failed() {
     local line
+    trap '' INT TERM HUP # a stop signal to every process of the launcher: what tee says still reaches the terminal
     while IFS= read -r line; do
         if [[ $line != "tee: $log_file: "* ]]; then # not about the log (the terminal closed, say): as tee said it
             printf '%s\n' "$line" >&2
@@ -148,7 +164,7 @@ watch_frozen() {
             since=""
         elif ((SECONDS - ${since:=$SECONDS} >= FROZEN_TIMEOUT)); then
             kill -s KILL "$child" 2>/dev/null || true
-            echo "node $NODE_RANK: training (pid $child) had been stopped for ${FROZEN_TIMEOUT}s: killed it" >&2
+            say "node $NODE_RANK: training (pid $child) had been stopped for ${FROZEN_TIMEOUT}s: killed it"
             return
         fi
     done
@@ -290,17 +306,22 @@ if ! failure=$(header 2>&1 >>"$log_file"); then
         "(scripts/cluster.env or the environment) to a directory on another. Nothing was launched."
 fi
 
+exec {terminal}>&2 # where say() writes while this script's stderr goes nowhere
 trap on_exit EXIT
 trap 'forward INT "interrupted, stopping training"' INT
 trap 'forward TERM "terminated, stopping training"' TERM
 trap hung_up HUP
 fifo_dir=$(mktemp -d)
 mkfifo "$fifo_dir/output"
-(trap '' HUP && exec tee -ia "$log_file" 2> >(log_failed)) <"$fifo_dir/output" &
+# A stop signal to every process of this script (kill -TERM -PGID, a terminal's Ctrl-C) leaves tee to write what
+# training says as it stops; tee ends once training has.
+(trap '' HUP INT TERM && exec tee -a "$log_file" 2> >(log_failed)) <"$fifo_dir/output" &
 tee_pid=$!
 # A session of its own: a Ctrl-C reaches training once, through the trap above. A script starts its
 # background commands with SIGINT ignored, which Python keeps: restore it, or training never sees the Ctrl-C.
-(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "DDP_NODE_LOG=$log_file" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
+# training.job.launched sends training SIGTERM once this script ends, even by SIGKILL.
+(trap - INT && exec setsid env "DDP_LAUNCH_ID=$launch_id" "LAUNCH_COMMAND=$launch_command" "DDP_NODE_LOG=$log_file" \
+    "$PYTHON" -m training.job.launched "$$" "${command[@]}") >"$fifo_dir/output" 2>&1 </dev/null &
 child=$!
 if ((FROZEN_TIMEOUT > 0)); then
     watch_frozen &
@@ -312,7 +333,8 @@ trapped=1
 while ((trapped)); do
     trapped=0
     status=0
-    wait "$child" || status=$?
+    # Bash's own line on a process killed by a signal, printed as it reaps one, goes nowhere: say() tells.
+    { wait "$child" || status=$?; } 2>/dev/null
 done
 # Lightning's rank 0 may exit just before the ranks it started; give them time to finish. Orphans
 # (say, of a killed torchrun) would keep training and hold the log pipe open: stop those.
@@ -323,6 +345,6 @@ done
 stop_launch TERM "training exited, stopping processes it left running" "$(launch_processes)"
 wait "$tee_pid" || true
 if ((status != 0)); then
-    echo "node $NODE_RANK: training exited with status $status; its output is in $log_file" >&2
+    say "node $NODE_RANK: training exited with status $status; its output is in $log_file"
 fi
 exit "$status"

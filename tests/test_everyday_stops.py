@@ -134,7 +134,7 @@ def stop_line(output: str) -> re.Match:
     assert not traces(output), output
     found = re.fullmatch(
         r"Stopped by (.+) at epoch (\d+), step (\d+): saved logs/toy/default/checkpoints/last\.ckpt\. "
-        r"Run the same command again to resume from there\.",
+        r"Run the same command again(?: on every node)? to resume from there\.",
         lines[-1],
     )
     assert found, output
@@ -424,6 +424,81 @@ def test_a_detached_node_resumes_and_its_stop_saves_last_ckpt(node, port, launch
     assert_everything_stopped(node, port)
 
 
+@pytest.fixture(scope="module")
+def launcher_stops(tmp_path_factory):
+    """One node's launcher, in a session of its own as a shell starts it, stopped three ways by the same command:
+    SIGTERM to all its processes (its tee included) at INTERRUPT_STEP, SIGKILL to the launcher alone at
+    TERMINATE_STEP, then Ctrl-C twice at HANGUP_STEP (the second once the first reached training)."""
+    node = copy_project(tmp_path_factory.mktemp("launcher_stops"))
+    port = str(free_port())
+    log = node / "logs" / "nodes" / "node0.log"
+    found = {}
+    for stop, step in (("terminated", INTERRUPT_STEP), ("killed", TERMINATE_STEP), ("twice", HANGUP_STEP)):
+        hold = node / f"{stop}.hold"
+        hold.touch()
+        command = [str(node / "scripts" / "run_ddp_train.sh"), "cpu:2", "0", *RUN, "--trainer.max_epochs=3"]
+        command += held_at(hold, step, release_on_signal=stop != "twice")
+        logged = len(log.read_text()) if log.exists() else 0
+        launcher = subprocess.Popen(
+            command,
+            env=launcher_env(MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        wait_for_hold(hold, 2, launcher)
+        if stop == "terminated":
+            os.killpg(launcher.pid, signal.SIGTERM)
+        elif stop == "killed":
+            launcher.kill()
+            hold.unlink()  # the rank the signal did not reach goes on to the ranks' next agreement
+        else:
+            os.killpg(launcher.pid, signal.SIGINT)
+            while not Path(f"{hold}.signalled.rank0").exists():
+                time.sleep(0.02)
+            os.killpg(launcher.pid, signal.SIGINT)
+        output = launcher.communicate(timeout=300)[0]  # once every process writing into it has ended
+        hold.unlink(missing_ok=True)
+        assert_everything_stopped(node, port)
+        found[stop] = {"status": launcher.returncode, "output": output, "log": log.read_text()[logged:]}
+        found[stop]["checkpoint"] = saved_in(node)
+    return found
+
+
+def test_sigterm_to_every_process_of_the_launcher_saves_and_the_paragraph_reaches_terminal_and_log(launcher_stops):
+    terminated = launcher_stops["terminated"]
+    assert terminated["status"] == 0, terminated["output"]
+    for seen in (terminated["output"], terminated["log"]):
+        stop = stop_line([line for line in seen.splitlines() if line.startswith("Stopped by")][-1])
+        assert stop[1] == "a signal (SIGTERM)" and int(stop[3]) == terminated["checkpoint"]["global_step"]
+    assert int(stop[2]) == 0 and INTERRUPT_STEP <= int(stop[3]) < STEPS_PER_EPOCH
+
+
+def test_training_saves_and_ends_when_its_launcher_is_killed(launcher_stops):
+    killed = launcher_stops["killed"]
+    assert killed["status"] == -signal.SIGKILL
+    step = launcher_stops["terminated"]["checkpoint"]["global_step"]
+    assert f"checkpoints/last.ckpt (epoch 0, step {step})." in killed["log"], "the same command did not resume"
+    stop = stop_line(killed["log"])  # the paragraph ends the node log, after the launcher was gone
+    assert stop[1] == "a signal (SIGTERM)" and int(stop[3]) == killed["checkpoint"]["global_step"] >= TERMINATE_STEP
+
+
+def test_ctrl_c_twice_to_the_launcher_says_on_lines_of_their_own_what_was_kept(launcher_stops):
+    twice = launcher_stops["twice"]
+    assert twice["status"] == 130, twice["output"]
+    said = (
+        "error: node 0 was stopped at once: nothing more was saved. Run the same command again to resume from the "
+        "run's last checkpoint."
+    )
+    for seen in (twice["output"], twice["log"]):
+        lines = seen.splitlines()
+        assert said in lines, seen
+        assert any(line.startswith("node 0: interrupted again: sending SIGKILL to ") for line in lines), seen
+    assert "Killed" not in twice["output"], "bash's own line on a killed process"
+    assert twice["checkpoint"]["global_step"] < HANGUP_STEP, "a save after the first Ctrl-C"
+
+
 def test_a_rank_killed_while_its_dataloader_worker_hangs_leaves_neither_the_worker_nor_the_run_lock(tmp_path):
     stall = tmp_path / "stall"
     stall.touch()
@@ -529,46 +604,56 @@ def test_a_stalled_rank_is_named_with_its_stack_in_the_log_and_the_job_stops_aft
 
 
 @pytest.fixture(scope="module")
-def two_nodes_interrupted(tmp_path_factory, two_hosts_for_module):
-    """A job of two network-namespace hosts, one process each, with one project directory (shared storage): Ctrl-C to
-    node 0's launcher while both hold at INTERRUPT_STEP; then the same commands again, to the end."""
+def two_nodes_stopped(tmp_path_factory, two_hosts_for_module):
+    """A job of two network-namespace hosts, one process each, with one project directory (shared storage), stopped
+    twice through node 1 (a worker) and started again by the same commands: its launcher killed (SIGKILL) while both
+    hold at INTERRUPT_STEP, then Ctrl-C to it at TERMINATE_STEP."""
     project = copy_project(tmp_path_factory.mktemp("two") / "project")
     hosts = two_hosts_for_module
     settings = {"MASTER_ADDR": hosts[0]["address"], "MASTER_PORT": "29500", "NUM_NODES": "2"}
-    hold = project / "hold"
-
-    def start(*args: str) -> list[subprocess.Popen]:
-        return [launch(project, "cpu:1", rank, *RUN, *args, netns=hosts[rank]["netns"], **settings) for rank in (0, 1)]
-
-    hold.touch()
-    launchers = start(*held_at(hold, INTERRUPT_STEP))
-    wait_for_hold(hold, 2, launchers[0])
-    launchers[0].send_signal(signal.SIGINT)
-    hold.unlink()  # node 1, which the signal does not reach, goes on to the ranks' next agreement
-    stopped = [(launcher.communicate(timeout=300)[0], launcher.returncode) for launcher in launchers]
-    checkpoint = saved_in(project)
-    left = processes_in(project)
-    resumed = [(launcher.communicate(timeout=600)[0], launcher.returncode) for launcher in start()]
-    return {"stopped": stopped, "checkpoint": checkpoint, "left": left, "resumed": resumed, "project": project}
-
-
-def test_ctrl_c_to_one_nodes_launcher_saves_and_stops_both_nodes(two_nodes_interrupted):
-    (zero, zero_status), (one, one_status) = two_nodes_interrupted["stopped"]
-    assert zero_status == one_status == 130, zero + one
-    assert "node 0: interrupted, stopping training: sending SIGINT to" in zero
-    stop = stop_line([line for line in zero.splitlines() if line.startswith("Stopped by")][-1])
-    assert stop[1] == "Ctrl-C (SIGINT)" and int(stop[3]) == two_nodes_interrupted["checkpoint"]["global_step"]
-    assert int(stop[3]) >= INTERRUPT_STEP
-    assert "error:" not in zero + one
-    assert two_nodes_interrupted["left"] == [], "processes of the job left running"
+    found = {}
+    for stop, step in (("killed", INTERRUPT_STEP), ("interrupted", TERMINATE_STEP)):
+        hold = project / f"{stop}.hold"
+        hold.touch()
+        launchers = [
+            launch(project, "cpu:1", rank, *RUN, *held_at(hold, step), netns=hosts[rank]["netns"], **settings)
+            for rank in (0, 1)
+        ]
+        wait_for_hold(hold, 2, launchers[0])
+        launchers[1].send_signal(signal.SIGKILL if stop == "killed" else signal.SIGINT)
+        hold.unlink()  # node 0, which the signal does not reach, goes on to the ranks' next agreement
+        outputs = [launcher.communicate(timeout=300)[0] for launcher in launchers]
+        found[stop] = {
+            "outputs": outputs,
+            "statuses": [launcher.returncode for launcher in launchers],
+            "checkpoint": saved_in(project),
+            "left": processes_in(project),
+        }
+    return found
 
 
-def test_both_nodes_resume_from_the_save_by_the_same_commands(two_nodes_interrupted):
-    step = two_nodes_interrupted["checkpoint"]["global_step"]
-    for output, status in two_nodes_interrupted["resumed"]:
-        assert status == 0, output
-    assert f"(epoch 0, step {step})." in two_nodes_interrupted["resumed"][0][0]
-    assert saved_in(two_nodes_interrupted["project"])["global_step"] == 2 * STEPS_PER_EPOCH
+def test_a_killed_workers_launcher_stops_both_nodes_with_last_ckpt_saved(two_nodes_stopped):
+    killed = two_nodes_stopped["killed"]
+    assert killed["statuses"] == [0, -signal.SIGKILL], killed["outputs"]
+    for output in killed["outputs"]:  # node 1's, written after its launcher was gone, by the tee it left
+        stop = stop_line([line for line in output.splitlines() if line.startswith("Stopped by")][-1])
+        assert stop[1] == "a signal (SIGTERM) to node 1" and "again on every node" in stop[0]
+        assert int(stop[3]) == killed["checkpoint"]["global_step"] >= INTERRUPT_STEP
+    assert killed["left"] == [], "processes of the job left running"
+
+
+def test_ctrl_c_to_a_workers_launcher_is_said_by_every_node_and_both_resume(two_nodes_stopped):
+    step = two_nodes_stopped["killed"]["checkpoint"]["global_step"]
+    interrupted = two_nodes_stopped["interrupted"]
+    assert interrupted["statuses"] == [130, 130], interrupted["outputs"]
+    assert f"(epoch 0, step {step})." in interrupted["outputs"][0], "the same command did not resume"
+    for output in interrupted["outputs"]:
+        stop = stop_line([line for line in output.splitlines() if line.startswith("Stopped by")][-1])
+        assert stop[1] == "Ctrl-C (SIGINT) to node 1" and "again on every node" in stop[0]
+        assert int(stop[3]) == interrupted["checkpoint"]["global_step"] >= TERMINATE_STEP
+        assert "error:" not in output
+    assert "node 1: interrupted, stopping training: sending SIGINT to" in interrupted["outputs"][1]
+    assert interrupted["left"] == [], "processes of the job left running"
 
 
 def test_the_launcher_kills_a_training_process_stopped_for_frozen_timeout(tmp_path):

@@ -55,6 +55,8 @@ def test_a_stop_is_agreed_within_the_check_period_even_when_the_first_batch_was_
     epoch_loop = SimpleNamespace(_broadcast_sigterm_tensor=None)
     trainer = SimpleNamespace(
         world_size=1,
+        num_nodes=1,
+        node_rank=0,
         fit_loop=SimpleNamespace(epoch_loop=epoch_loop),
         strategy=SimpleNamespace(launcher=None),
         received_sigterm=False,

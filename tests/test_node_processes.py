@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import processes_in, wait_for_hold
-from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, wait_gone
+from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
+from training.job.stop_signal import StopRequests
 
 pytestmark = pytest.mark.distributed
 
@@ -194,8 +196,9 @@ def terminated_while_held(workdir: Path, processes: int, *args: str, subcommand:
         for pid in processes_in(workdir):
             os.kill(pid, signal.SIGKILL)
     checkpoints = sorted(str(path.relative_to(workdir)) for path in workdir.rglob("*.ckpt"))
+    records = sorted(str(path.relative_to(workdir)) for path in workdir.rglob("*config*.yaml"))
     output = (workdir / "output").read_text()
-    return {"status": zero.returncode, "output": output, "left": left, "checkpoints": checkpoints}
+    return {"status": zero.returncode, "output": output, "left": left, "checkpoints": checkpoints, "records": records}
 
 
 def held_while_starting(workdir: Path, at: str) -> list[str]:
@@ -270,6 +273,58 @@ def test_sigterm_before_lightnings_handler_in_a_one_process_predict_stops_it_spe
     )
     assert stopped["output"].count("error: ") == 1, stopped["output"]
     assert stopped["checkpoints"] == []
+    assert stopped["records"] == [], "the config of predictions that were never written"
+
+
+def test_ctrl_c_in_the_last_validation_is_acknowledged_and_a_second_as_the_run_ends_stops_it_at_once(tmp_path):
+    """Ctrl-C to every process during the validation after the last training batch, where the ranks agree on no
+    further stop, then again while they tear down."""
+    validating, ending = tmp_path / "validating", tmp_path / "ending"
+    validating.touch()
+    ending.touch()
+    holds = [
+        "--trainer.callbacks+=tests.helpers.probe.HoldInSanityCheck",
+        f"--trainer.callbacks.hold_file={validating}",
+        "--trainer.callbacks.epoch=0",
+        "--trainer.callbacks+=tests.helpers.probe.HoldAtTeardown",
+        f"--trainer.callbacks.hold_file={ending}",
+    ]
+    limits = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2"]
+    job = start(tmp_path, *limits, "--trainer.logger=false", *holds)
+    try:
+        wait_for_hold(validating, 2, job)
+        os.killpg(job.pid, signal.SIGINT)
+        validating.unlink()
+        wait_for_hold(ending, 2, job)
+        os.killpg(job.pid, signal.SIGINT)
+        job.wait(timeout=120)
+    finally:
+        ending.unlink(missing_ok=True)
+    output = (tmp_path / "output").read_text()
+    assert job.returncode == 130, output
+    acknowledged = (
+        "Ctrl-C (SIGINT) arrived during the last validation: training had finished, and the run ends as it would "
+        "have. A second Ctrl-C stops it at once."
+    )
+    assert output.count(acknowledged) == 1, output
+    assert last_paragraph(output) == (
+        "error: stopped at once by a second Ctrl-C: nothing more was saved. Run the same command again to resume from "
+        "the run's last checkpoint."
+    )
+    assert not traces(output), output
+    assert still_running(processes_in(tmp_path), within=60) == []
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 2
+
+
+def test_a_ctrl_c_once_training_has_ended_gets_one_line_and_no_keyboard_interrupt(monkeypatch, capfd):
+    requests = StopRequests()
+    requests.disarm()
+    monkeypatch.setattr(os, "_exit", lambda status: pytest.fail(f"exited with {status}"))
+    requests.handle(signal.SIGINT, None)  # raises nothing: an atexit callback or teardown goes on
+    assert capfd.readouterr().err.strip() == (
+        "Ctrl-C (SIGINT) arrived as training ended: training had finished, and the run ends as it would have. A "
+        "second Ctrl-C stops it at once."
+    )
 
 
 def test_sigterm_once_the_run_has_ended_ends_the_process_as_without_the_template(tmp_path):

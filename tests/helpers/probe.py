@@ -232,13 +232,16 @@ class HoldAtTeardown(Callback):
 
 class HoldInSanityCheck(Callback):
     """Holds every process in the first batch of the sanity check, after Lightning registered its signal handlers and
-    before training: writes ``<hold_file>.rank<N>`` (N its local rank), then waits until ``hold_file`` is gone."""
+    before training (with ``epoch``, in the first batch of that epoch's validation instead): writes
+    ``<hold_file>.rank<N>`` (N its local rank), then waits until ``hold_file`` is gone."""
 
-    def __init__(self, hold_file: str) -> None:
+    def __init__(self, hold_file: str, epoch: int | None = None) -> None:
         self.hold_file = Path(hold_file)
+        self.epoch = epoch
 
     def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
-        if trainer.sanity_checking:
+        in_epoch = not trainer.sanity_checking and trainer.current_epoch == self.epoch and batch_idx == 0
+        if trainer.sanity_checking if self.epoch is None else in_epoch:
             hold_while(self.hold_file, trainer.local_rank)
 
 

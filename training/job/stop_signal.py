@@ -10,7 +10,9 @@ takes them in every process of the job:
   ``Stopped`` once per node and exits with status 1. Lightning takes SIGTERM alone just before the sanity check.
 - while training runs (training.PreemptionCheckpoint arms it): the request is only noted, and PreemptionCheckpoint
   stops every rank after the same batch with last.ckpt saved. A second Ctrl-C stops at once, as without the template.
-- once training has ended: what the signal does without the template.
+- once training has ended: a request noted since the ranks last agreed (in the last validation) gets one line, and
+  so does a Ctrl-C: the run ends as it would have, and a second Ctrl-C stops it at once. SIGTERM and SIGHUP do what
+  they do without the template.
 
 A signal ignored when the process started stays ignored: ``nohup`` keeps a run going after its terminal closes.
 """
@@ -99,8 +101,27 @@ class StopRequests:
         self.interrupts, self.received = 0, noted
 
     def disarm(self) -> None:
-        """At training's end: each signal does what it does without the template."""
+        """At training's end: each signal does what it does without the template, but Ctrl-C (``after_end``)."""
         self.training, self.ended = False, True
+        if self.received is not None:  # the ranks agree only after training batches: none came after it
+            self.acknowledge(self.received, "during the last validation")
+
+    def acknowledge(self, signum: int, when: str) -> None:
+        if speaks_for_node():
+            print(
+                f"\n{cause(signum)} arrived {when}: training had finished, and the run ends as it would have. "
+                "A second Ctrl-C stops it at once.",
+                file=sys.__stderr__,
+                flush=True,
+            )
+
+    def after_end(self, signum: int) -> None:
+        """A Ctrl-C once training has ended: one line, then a second stops at once; not a KeyboardInterrupt raised
+        in whatever the process does at its end (teardown, an atexit callback)."""
+        self.interrupts += 1
+        if self.interrupts > 1:
+            self.stop_at_once()
+        self.acknowledge(signum, "as training ended")
 
     def handle(self, signum: int, frame: Any) -> None:
         if os.getpid() != self.pid:  # a DataLoader worker forked from this process: its rank stops it
@@ -110,6 +131,8 @@ class StopRequests:
             self.on_terminal = False
         if self.training:
             self.note(signum)
+        elif self.ended and signum == signal.SIGINT:
+            self.after_end(signum)
         elif self.ended or self.trainer.interrupted:
             # Training has ended, or the run stops on an error with its own words: the signal's own effect.
             signal.signal(signum, default_handler(signum))

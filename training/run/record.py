@@ -11,6 +11,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 
 from training.job.fingerprint import config_items
 from training.run import storage_failure
@@ -68,7 +69,8 @@ class RunRecord(SaveConfigCallback):
     config changed since the record was written, the earlier one is kept as ``config-<time it was written>.yaml``.
     An attempt that fails before it saved anything also takes back the TensorBoard file and the ``hparams.yaml``
     it wrote while they hold nothing new. validate/test/predict save their own ``<subcommand>-config.yaml`` in the
-    run's directory at start, as Lightning does.
+    run's directory once they have run to their end (Lightning writes it at their start, and a stopped predict would
+    leave the config of predictions it never wrote).
     """
 
     log_dir: str | None = None  # the run's directory
@@ -81,8 +83,6 @@ class RunRecord(SaveConfigCallback):
             return
         self.log_dir = run_directory(trainer)  # a broadcast: read here, where every rank takes part
         self.had_hparams = {logger.log_dir for logger in self.file_loggers(trainer) if hparams(logger).is_file()}
-        if stage != "fit":
-            self.write(trainer, stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.started_at = trainer.global_step
@@ -108,7 +108,15 @@ class RunRecord(SaveConfigCallback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.take_back(trainer)  # a rerun of a finished run ends here without training, and without an exception
 
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.VALIDATING:  # not fit's validation
+            self.write(trainer, "validate")
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write(trainer, "test")
+
     def on_predict_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write(trainer, "predict")
         self.take_back(trainer)  # predict logs no metrics: nothing to keep in its logger's directory
 
     @staticmethod
