@@ -1,7 +1,9 @@
 """What a process forked from a rank inherits (training/job/forked.py): a DataLoader worker, of any loader, leaves the
-stop signals to its rank; a pool of the module's own keeps their usual effect, which ``Pool.terminate`` relies on."""
+stop signals to its rank, but ends on its rank's own SIGTERM, as torch and multiprocessing end workers; a pool of the
+module's own keeps the signals' usual effect, which ``Pool.terminate`` relies on."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,9 +12,11 @@ from tests.helpers import REPO
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
-# Each child reports the signals it blocks (SigBlk in /proc) and its parent-death signal (prctl PR_GET_PDEATHSIG).
+# Each child reports its pid, the signals it blocks (SigBlk in /proc) and its parent-death signal (PR_GET_PDEATHSIG);
+# then the worker serves one more batch per line on standard input, and the script exits at its end, which
+# multiprocessing does by sending its live workers SIGTERM and waiting for them.
 REPORT = """
-import ctypes, json, multiprocessing, signal, sys
+import ctypes, json, multiprocessing, os, signal, sys
 import torch
 from torch.utils.data import DataLoader, Dataset
 from training.job.forked import end_forked_with_this_process
@@ -20,20 +24,23 @@ from training.job.forked import end_forked_with_this_process
 def report(_=None):
     blocked = next(line for line in open("/proc/self/status") if line.startswith("SigBlk:")).split()[1]
     death = ctypes.c_int()
-    ctypes.CDLL(None).prctl(2, ctypes.byref(death))  # PR_GET_PDEATHSIG
-    return [int(blocked, 16), death.value]
+    ctypes.CDLL(None).prctl(2, ctypes.byref(death))
+    return [os.getpid(), int(blocked, 16), death.value]
 
 class Reports(Dataset):
     def __len__(self):
-        return 1
+        return 1000
     def __getitem__(self, index):
         return torch.tensor(report())
 
 end_forked_with_this_process()
-worker = next(iter(DataLoader(Reports(), num_workers=1, batch_size=None))).tolist()
+batches = iter(DataLoader(Reports(), num_workers=1, batch_size=None, prefetch_factor=1))
+worker = next(batches).tolist()
 with multiprocessing.get_context("fork").Pool(1) as pool:
     pooled = pool.apply(report)
-json.dump({"worker": worker, "pool": pooled, "rank": report()}, sys.stdout)
+print(json.dumps({"worker": worker, "pool": pooled, "rank": report()}), flush=True)
+for line in sys.stdin:
+    print(json.dumps(next(batches).tolist()), flush=True)
 """
 
 
@@ -41,11 +48,23 @@ def blocked(mask: int) -> set[int]:
     return {signum for signum in STOPS if mask & (1 << (signum - 1))}
 
 
-def test_a_dataloader_worker_blocks_the_stop_signals_and_a_pool_worker_does_not():
-    run = subprocess.run([sys.executable, "-c", REPORT], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    found = json.loads(run.stdout)
-    assert blocked(found["worker"][0]) == set(STOPS), "a stop signal to the job would kill the DataLoader worker"
-    assert blocked(found["pool"][0]) == set(), "Pool.terminate could not end its workers"
-    assert blocked(found["rank"][0]) == set(), "the rank itself must take the stop signals"
-    assert found["worker"][1] == found["pool"][1] == signal.SIGKILL, "a forked process would outlive its rank"
+def test_a_dataloader_worker_leaves_stop_signals_to_its_rank_and_ends_on_the_ranks_sigterm():
+    rank = subprocess.Popen(
+        [sys.executable, "-c", REPORT], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        found = json.loads(rank.stdout.readline())
+        (worker, worker_blocks, worker_death), (_, pool_blocks, pool_death) = found["worker"], found["pool"]
+        assert blocked(worker_blocks) == set(STOPS), "a stop signal to the job would kill the DataLoader worker"
+        assert blocked(pool_blocks) == set(), "Pool.terminate could not end its workers"
+        assert blocked(found["rank"][1]) == set(), "the rank itself must take the stop signals"
+        assert worker_death == pool_death == signal.SIGKILL, "a forked process would outlive its rank"
+        for signum in STOPS:  # sent by someone else than the rank, as to every process of a job
+            os.kill(worker, signum)
+        rank.stdin.write("next\n")
+        rank.stdin.flush()
+        assert json.loads(rank.stdout.readline())[0] == worker, "the worker did not serve on after the signals"
+        rank.stdin.close()  # the rank exits, and multiprocessing ends its worker with SIGTERM
+        assert rank.wait(timeout=120) == 0
+    finally:
+        rank.kill()

@@ -6,14 +6,16 @@ forked it ends: Lightning iterates its loaders in the main thread.
 A DataLoader worker leaves the stop signals to its rank. A signal to every process of the job (``kill -TERM -PGID``,
 GNU ``timeout``, Slurm at a time limit, systemd) reaches the workers too; torch's worker dies of a SIGTERM from
 anyone but its rank, and the rank, one batch short, would fail with "DataLoader worker (pid N) is killed by signal"
-instead of saving at the next step. A pool of the module's own keeps the signals' usual effect: ``Pool.terminate``
-ends its workers with SIGTERM."""
+instead of saving at the next step. A SIGTERM from the rank itself still ends the worker at once: torch and
+multiprocessing end workers that way (at the rank's exit, it waits for them). A pool of the module's own keeps the
+signals' usual effect: ``Pool.terminate`` ends its workers with SIGTERM."""
 
 import ctypes
 import multiprocessing
 import multiprocessing.util
 import os
 import signal
+import threading
 
 from training.job.early import STOP_SIGNALS
 from training.private_api import is_data_loader_worker
@@ -27,9 +29,17 @@ def end_with_parent(_: object) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if is_data_loader_worker(multiprocessing.current_process()):
         signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGUSR1))
+        threading.Thread(target=end_on_sigterm_from_parent, name="sigterm-from-rank", daemon=True).start()
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # the parent ended before the line above
         os._exit(1)
+
+
+def end_on_sigterm_from_parent() -> None:
+    """In a worker whose SIGTERM is blocked: end it on one its parent sent, as torch's own handler does; drop others."""
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != os.getppid():
+        pass
+    os._exit(0)
 
 
 class Registration:
