@@ -63,7 +63,8 @@ stop_launch() {
     say "node $NODE_RANK: $why: sending SIG$signal to $targets"
     # shellcheck disable=SC2086  # one pid per word
     kill -s "$signal" $targets 2>/dev/null || true
-    trap stop_at_once INT TERM
+    trap 'stop_at_once INT' INT
+    trap 'stop_at_once TERM' TERM
     trap '' HUP # a closed terminal may send it twice: from the shell, and as its last process leaves it
     deadline=$((SECONDS + STOP_TIMEOUT))
     while [[ -n $(launch_processes) ]] && ((SECONDS < deadline)); do
@@ -77,12 +78,14 @@ stop_launch() {
     fi
 }
 
-# A second Ctrl-C or SIGTERM while training stops: end it now, as a second Ctrl-C to python cli.py does.
+# A second Ctrl-C or SIGTERM ($1) while training stops: end it now, as a second Ctrl-C to python cli.py does, and exit
+# as that signal.
 # shellcheck disable=SC2329  # called from traps
 stop_at_once() {
     stop_launch KILL "interrupted again" "$(launch_processes)"
     say "error: node $NODE_RANK was stopped at once: nothing more was saved. Run the same command again to resume" \
         "from the run's last checkpoint."
+    exit $((128 + $(kill -l "$1")))
 }
 
 # The signal goes to the process this script started, which passes it on exactly once to the processes it

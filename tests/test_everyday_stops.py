@@ -370,10 +370,10 @@ def test_a_closed_terminal_on_the_launcher_saves_and_ends_the_node_log_with_the_
 
 @pytest.fixture(scope="module")
 def detached(node, port, launcher_hung_up):
-    """The same command with DETACH=1, stopped as the line it prints says once the ranks hold at HANGUP_STEP."""
+    """The same command with DETACH=1, stopped as the line it prints says once the ranks hold at TERMINATE_STEP."""
     hold = node / "detached.hold"
     hold.touch()
-    output = finish(launch(node, "cpu:2", 0, *RUN, *held_at(hold, HANGUP_STEP), DETACH="1", MASTER_PORT=port))
+    output = finish(launch(node, "cpu:2", 0, *RUN, *held_at(hold, TERMINATE_STEP), DETACH="1", MASTER_PORT=port))
     pid = int(re.search(r"as pid (\d+)", output)[1])
     for rank in range(2):
         while not Path(f"{hold}.rank{rank}").exists():
@@ -416,87 +416,12 @@ def test_a_detached_node_resumes_and_its_stop_saves_last_ckpt(node, port, launch
     assert f"Resuming from {detached['run']}/checkpoints/last.ckpt (epoch 0, step {previous})." in log
     stop = stop_line([line for line in log.splitlines() if line.startswith("Stopped by")][-1])
     assert stop[1] == "Ctrl-C (SIGINT)"
-    assert stop[2] == "1" and detached["checkpoint"]["global_step"] == int(stop[3]) >= HANGUP_STEP
+    assert stop[2] == "1" and detached["checkpoint"]["global_step"] == int(stop[3]) >= TERMINATE_STEP
     # The launcher passed the Ctrl-C on once, to the process it started, which saved and stopped its node's others.
     assert "node 0: interrupted, stopping training: sending SIGINT to" in log
     assert "KeyboardInterrupt" not in log
     assert "still running after" not in log, "training ignored the signal and was killed"
     assert_everything_stopped(node, port)
-
-
-@pytest.fixture(scope="module")
-def launcher_stops(tmp_path_factory):
-    """One node's launcher, in a session of its own as a shell starts it, stopped three ways by the same command:
-    SIGTERM to all its processes (its tee included) at INTERRUPT_STEP, SIGKILL to the launcher alone at
-    TERMINATE_STEP, then Ctrl-C twice at HANGUP_STEP (the second once the first reached training)."""
-    node = copy_project(tmp_path_factory.mktemp("launcher_stops"))
-    port = str(free_port())
-    log = node / "logs" / "nodes" / "node0.log"
-    found = {}
-    for stop, step in (("terminated", INTERRUPT_STEP), ("killed", TERMINATE_STEP), ("twice", HANGUP_STEP)):
-        hold = node / f"{stop}.hold"
-        hold.touch()
-        command = [str(node / "scripts" / "run_ddp_train.sh"), "cpu:2", "0", *RUN, "--trainer.max_epochs=3"]
-        command += held_at(hold, step, release_on_signal=stop != "twice")
-        logged = len(log.read_text()) if log.exists() else 0
-        launcher = subprocess.Popen(
-            command,
-            env=launcher_env(MASTER_PORT=port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        wait_for_hold(hold, 2, launcher)
-        if stop == "terminated":
-            os.killpg(launcher.pid, signal.SIGTERM)
-        elif stop == "killed":
-            launcher.kill()
-            hold.unlink()  # the rank the signal did not reach goes on to the ranks' next agreement
-        else:
-            os.killpg(launcher.pid, signal.SIGINT)
-            while not Path(f"{hold}.signalled.rank0").exists():
-                time.sleep(0.02)
-            os.killpg(launcher.pid, signal.SIGINT)
-        output = launcher.communicate(timeout=300)[0]  # once every process writing into it has ended
-        hold.unlink(missing_ok=True)
-        assert_everything_stopped(node, port)
-        found[stop] = {"status": launcher.returncode, "output": output, "log": log.read_text()[logged:]}
-        found[stop]["checkpoint"] = saved_in(node)
-    return found
-
-
-def test_sigterm_to_every_process_of_the_launcher_saves_and_the_paragraph_reaches_terminal_and_log(launcher_stops):
-    terminated = launcher_stops["terminated"]
-    assert terminated["status"] == 0, terminated["output"]
-    for seen in (terminated["output"], terminated["log"]):
-        stop = stop_line([line for line in seen.splitlines() if line.startswith("Stopped by")][-1])
-        assert stop[1] == "a signal (SIGTERM)" and int(stop[3]) == terminated["checkpoint"]["global_step"]
-    assert int(stop[2]) == 0 and INTERRUPT_STEP <= int(stop[3]) < STEPS_PER_EPOCH
-
-
-def test_training_saves_and_ends_when_its_launcher_is_killed(launcher_stops):
-    killed = launcher_stops["killed"]
-    assert killed["status"] == -signal.SIGKILL
-    step = launcher_stops["terminated"]["checkpoint"]["global_step"]
-    assert f"checkpoints/last.ckpt (epoch 0, step {step})." in killed["log"], "the same command did not resume"
-    stop = stop_line(killed["log"])  # the paragraph ends the node log, after the launcher was gone
-    assert stop[1] == "a signal (SIGTERM)" and int(stop[3]) == killed["checkpoint"]["global_step"] >= TERMINATE_STEP
-
-
-def test_ctrl_c_twice_to_the_launcher_says_on_lines_of_their_own_what_was_kept(launcher_stops):
-    twice = launcher_stops["twice"]
-    assert twice["status"] == 130, twice["output"]
-    said = (
-        "error: node 0 was stopped at once: nothing more was saved. Run the same command again to resume from the "
-        "run's last checkpoint."
-    )
-    for seen in (twice["output"], twice["log"]):
-        lines = seen.splitlines()
-        assert said in lines, seen
-        assert any(line.startswith("node 0: interrupted again: sending SIGKILL to ") for line in lines), seen
-    assert "Killed" not in twice["output"], "bash's own line on a killed process"
-    assert twice["checkpoint"]["global_step"] < HANGUP_STEP, "a save after the first Ctrl-C"
 
 
 def test_a_rank_killed_while_its_dataloader_worker_hangs_leaves_neither_the_worker_nor_the_run_lock(tmp_path):
