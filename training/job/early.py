@@ -20,7 +20,12 @@ def stopped_while_starting(signum: int, frame: object) -> None:
                 "command again to start the job.",
                 file=sys.stderr,
             )
-    sys.exit(1)
+    # Not sys.exit: raised at whatever line the import runs, a bare ``except:`` of a library's optional import would
+    # swallow it, and the run would go on to train. Nothing of the run exists yet that an exit must clean up.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(1)
 
 
 def not_ignored(signals: tuple[int, ...] = STOP_SIGNALS) -> list[int]:
