@@ -10,9 +10,13 @@ import sys
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def own_local_rank() -> int:
+    # srun starts every process of a node itself and gives each SLURM_LOCALID, not LOCAL_RANK.
+    return int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0)
+
+
 def stopped_while_starting(signum: int, frame: object) -> None:
-    # The first process of a node speaks for it: srun gives its processes SLURM_LOCALID, not LOCAL_RANK.
-    if (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0") == "0":
+    if own_local_rank() == 0:  # the first process of a node speaks for it
         with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
             print(
                 f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) "

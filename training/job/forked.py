@@ -10,7 +10,6 @@ instead of saving at the next step. A SIGTERM from the rank itself still ends th
 multiprocessing end workers that way (at the rank's exit, it waits for them). A pool of the module's own keeps the
 signals' usual effect: ``Pool.terminate`` ends its workers with SIGTERM."""
 
-import ctypes
 import multiprocessing
 import multiprocessing.util
 import os
@@ -18,15 +17,14 @@ import signal
 import threading
 
 from training.job.early import STOP_SIGNALS
+from training.job.launched import signal_when_parent_ends
 from training.private_api import is_data_loader_worker
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def end_with_parent(_: object) -> None:
     """In a child multiprocessing has just forked: SIGKILL once the parent ends; a DataLoader worker blocks the stop
     signals (the processes it starts inherit that)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal_when_parent_ends(signal.SIGKILL)
     if is_data_loader_worker(multiprocessing.current_process()):
         signal.pthread_sigmask(signal.SIG_BLOCK, (*STOP_SIGNALS, signal.SIGUSR1))
         threading.Thread(target=end_on_sigterm_from_parent, name="sigterm-from-rank", daemon=True).start()

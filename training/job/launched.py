@@ -15,9 +15,14 @@ import sys
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def signal_when_parent_ends(signum: int) -> None:
+    """Have Linux send this process ``signum`` once the thread that started it ends (training/job/forked.py too)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+
+
 def main(argv: list[str]) -> None:
     launcher, command = int(argv[0]), argv[1:]
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal_when_parent_ends(signal.SIGTERM)
     if os.getppid() != launcher:  # the launcher ended before the line above: nobody would stop training
         sys.exit(f"error: the launcher (pid {launcher}) ended before training started; nothing was started.")
     os.execvp(command[0], command)

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from training.job.early import STOP_SIGNALS
+from training.job.early import STOP_SIGNALS, own_local_rank
 
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
@@ -95,11 +95,6 @@ def running() -> dict[int, int]:
 
 def is_data_worker(proc: Path) -> bool:
     return (proc / "comm").read_text().strip() == "pt_data_worker"
-
-
-def own_local_rank() -> int:
-    # srun starts every process of a node itself and gives each SLURM_LOCALID, not LOCAL_RANK.
-    return int(os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or 0)
 
 
 def speaks_for_node() -> bool:

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
+from training.job.early import own_local_rank
 from training.job.join_progress import WaitReport, waited_of
-from training.job.node_processes import own_local_rank
 from training.job.startup import StartupError
 
 

@@ -16,6 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from training.job.early import own_local_rank
+
 PROJECT = Path(__file__).resolve().parents[2]
 CHECKED = ("torch", "lightning", "jsonargparse", "omegaconf")
 INSTALL = "python -m scripts.install"
@@ -128,11 +130,11 @@ def newer_than_tested() -> list[str]:
 
 def check(notes: bool = True) -> None:
     """Exit with status 2 and the refusal; else go on, with the ``notes`` of newer releases said by a node's first
-    process (srun gives its processes SLURM_LOCALID, not LOCAL_RANK)."""
+    process."""
     if paragraph := refusal():
         print(f"error: {paragraph}", file=sys.stderr)
         sys.exit(2)
-    if notes and (os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0") == "0":
+    if notes and own_local_rank() == 0:
         for line in newer_than_tested():
             print(line, file=sys.stderr)
 
