@@ -30,7 +30,7 @@ NOT_SET = {"CUDA_VISIBLE_DEVICES": "", "CUDA_DEVICE_ORDER": ""}
 
 # The cases that import torch or Lightning: a few seconds each. What the launcher makes of GPUS and the settings
 # before that is checked in bash alone (validated below); the dry runs, which parse the config, show that it is what
-# the launcher exports and runs. The last four start the training process, which parses the config itself.
+# the launcher exports and runs. Those of IN_TRAINING start the training process, which parses the config itself.
 PARSING = {
     "dry run, GPUs": (
         ("2,3", "0", "--trainer.max_epochs=7"),
@@ -55,11 +55,9 @@ IN_TRAINING = {
 }
 
 
-@pytest.fixture(scope="module")
-def parsed(node, tmp_path_factory):
-    """Every case of PARSING and IN_TRAINING, started together so their imports share the cores: (status, stdout,
-    stderr, seconds it ran). The IN_TRAINING cases run in a copy of the project of their own."""
-    trained = copy_project(tmp_path_factory.mktemp("trained"))
+def run_together(project: Path, cases: dict) -> dict[str, tuple[int, str, str, float]]:
+    """Every case of ``cases`` in ``project``, started together so that their imports share the cores: (status,
+    stdout, stderr, seconds it ran)."""
     started = time.monotonic()
     processes = {
         case: subprocess.Popen(
@@ -69,7 +67,6 @@ def parsed(node, tmp_path_factory):
             stderr=subprocess.PIPE,
             text=True,
         )
-        for project, cases in ((node, PARSING), (trained, IN_TRAINING))
         for case, (args, settings) in cases.items()
     }
 
@@ -78,8 +75,23 @@ def parsed(node, tmp_path_factory):
         return process.returncode, out, err, time.monotonic() - started
 
     with ThreadPoolExecutor(len(processes)) as pool:
-        results = dict(zip(processes, pool.map(finish, processes.values()), strict=True))
+        return dict(zip(processes, pool.map(finish, processes.values()), strict=True))
+
+
+@pytest.fixture(scope="module")
+def parsed(node):
+    """Every case of PARSING: the launcher parses the config, and launches nothing."""
+    results = run_together(node, PARSING)
     assert not (node / "logs").exists(), "something was launched or logged"
+    return results
+
+
+@pytest.fixture(scope="module")
+def in_training(tmp_path_factory):
+    """Every case of IN_TRAINING, in a copy of the project of their own: the training process refuses the case before
+    it trains (the distributed tier: each starts a training process)."""
+    trained = copy_project(tmp_path_factory.mktemp("trained"))
+    results = run_together(trained, IN_TRAINING)
     assert [path.name for path in (trained / "logs").iterdir()] == ["nodes"], "a run directory was made"
     return results
 
@@ -96,9 +108,9 @@ def failed(parsed: dict, case: str) -> str:
     return err
 
 
-def stopped_in_training(parsed: dict, case: str) -> str:
+def stopped_in_training(in_training: dict, case: str) -> str:
     """The paragraph of a case of IN_TRAINING, whose training process refused it before training."""
-    status, out, err, _ = parsed[case]
+    status, out, err, _ = in_training[case]
     rank = IN_TRAINING[case][0][1]
     assert status != 0, out + err
     assert err.rstrip().endswith(f"training exited with status {status}; its output is in logs/nodes/node{rank}.log")
@@ -204,8 +216,9 @@ def test_an_elastic_job_gives_torchrun_a_range_of_nodes_and_the_strategy_its_lea
     assert "MIN_NODES=2 asks for an elastic job, which needs torchrun's rendezvous: set LAUNCHER=torchrun too" in err
 
 
-def test_node_rank_must_be_below_num_nodes(parsed):
-    paragraph = stopped_in_training(parsed, "rank 1 of 1 node")
+@pytest.mark.distributed
+def test_node_rank_must_be_below_num_nodes(in_training):
+    paragraph = stopped_in_training(in_training, "rank 1 of 1 node")
     assert "NODE_RANK=1 is out of range: the config has trainer.num_nodes=1, so node ranks are 0..0" in paragraph
 
 
@@ -214,12 +227,14 @@ def test_node_rank_must_be_below_num_nodes_from_the_environment_before_the_confi
     assert "NODE_RANK=2 is out of range: NUM_NODES=2, so node ranks are 0..1" in err
 
 
-def test_config_error_stops_before_training(parsed):
-    assert stopped_in_training(parsed, "config error") == "error: unrecognized arguments: --trainer.max_epochz=3"
+@pytest.mark.distributed
+def test_config_error_stops_before_training(in_training):
+    assert stopped_in_training(in_training, "config error") == "error: unrecognized arguments: --trainer.max_epochz=3"
 
 
-def test_a_run_id_that_is_a_path_stops_before_training(parsed, node):
-    paragraph = stopped_in_training(parsed, "run id that is a path")
+@pytest.mark.distributed
+def test_a_run_id_that_is_a_path_stops_before_training(in_training, node):
+    paragraph = stopped_in_training(in_training, "run id that is a path")
     assert "RUN_ID='../../elsewhere' is not a run name: use letters, digits" in paragraph
     assert not (node.parent.parent / "elsewhere").exists()
 
@@ -244,11 +259,12 @@ def test_gpu_check_says_a_process_sees_one_mig_device(monkeypatch):
     assert "CUDA shows a process only the first MIG device of its list" in why and why.endswith("Nothing was launched.")
 
 
-def test_unreachable_master_fails_after_the_timeout(parsed):
-    paragraph = stopped_in_training(parsed, "unreachable master")
+@pytest.mark.distributed
+def test_unreachable_master_fails_after_the_timeout(in_training):
+    paragraph = stopped_in_training(in_training, "unreachable master")
     # How much longer it ran than a case that stops right after the same parse: the wait, under CONNECT_TIMEOUT=3
     # rather than the 300 of scripts/cluster.env.
-    assert parsed["unreachable master"][3] - parsed["rank 1 of 1 node"][3] < 150
+    assert in_training["unreachable master"][3] - in_training["rank 1 of 1 node"][3] < 150
     port = IN_TRAINING["unreachable master"][1]["MASTER_PORT"]
     assert paragraph.startswith(
         f"error: node 1 cannot reach the master at 127.0.0.1:{port} after CONNECT_TIMEOUT 0:00:03. Check that node 0 "

@@ -204,7 +204,8 @@ def test_a_damaged_checkpoint_is_named_with_its_size_and_what_it_lacks_and_the_r
     for name, (content, told) in cuts.items():
         last.write_bytes(content)
         files = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
-        for subcommand in ("fit", "validate", "predict"):
+        # Every subcommand reads the checkpoint through the same check: one kind of damage is enough to show it.
+        for subcommand in ("fit", "validate", "predict") if name == "half" else ("fit",):
             err = fails(run_cli, capsys, subcommand, *args, "--trainer.max_epochs=2")
             size = f"{len(content)} bytes" if len(content) < 1024 else f"{round(len(content) / 1024)} KB"
             assert f"error: {last} ({size}) {told}" in err, (name, subcommand, err)
