@@ -496,38 +496,6 @@ def test_a_frozen_rank_0_is_named_and_ended_by_its_node_within_peer_timeout(tmp_
     assert result["left"] == []
 
 
-def test_a_stalled_rank_is_named_with_its_stack_in_the_log_and_the_job_stops_after_stall_timeout(tmp_path):
-    stall = tmp_path / "stall"
-    stall.touch()
-    data = [
-        "--data=tests.zoo.FileSamples",
-        "--data.init_args.num_workers=0",  # the rank's main thread reads the data itself
-        f"--data.init_args.stall_file={stall}",
-        "--data.init_args.stall_rank=1",
-        "--trainer.strategy.init_args.stall_report=0:00:04",
-        "--trainer.strategy.init_args.stall_timeout=0:00:08",
-    ]
-    try:
-        result = ended(tmp_path, start(tmp_path, *data, "--trainer.max_epochs=1"), within=300)
-    finally:
-        stall.unlink()
-    output = result["output"]
-    assert result["status"] == 1, output
-    assert result["left"] == [], "processes of the job left running"
-    reports = [line for line in output.splitlines() if line.startswith("warning: rank 1 (local rank 1, pid")]
-    assert len(reports) == 1, output
-    assert " has made no progress in training for " in reports[0]
-    assert re.search(r'File ".*/tests/zoo\.py", line \d+, in __getitem__', output.split(reports[0])[1]), output
-    paragraph = last_paragraph(output)
-    assert paragraph.startswith("error: the job stopped: rank 1 (local rank 1, pid "), paragraph
-    assert re.search(
-        r"made no progress in training for \d+ s \(at epoch 0, step \d+\), longer than stall_timeout "
-        r"\(0:00:08\), while the other processes waited for it in a collective\. Its main thread was in "
-        r"__getitem__ \(.*/tests/zoo\.py:\d+\)",
-        paragraph,
-    ), paragraph
-
-
 @pytest.fixture(scope="module")
 def two_nodes_stopped(tmp_path_factory, two_hosts_for_module):
     """A job of two network-namespace hosts, one process each, with one project directory (shared storage), stopped

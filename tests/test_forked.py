@@ -1,9 +1,11 @@
 """What a process forked from a rank inherits (training/job/forked.py): a DataLoader worker, of any loader, leaves the
-stop signals to its rank, but ends on its rank's own SIGTERM, as torch and multiprocessing end workers; a pool of the
-module's own keeps the signals' usual effect, which ``Pool.terminate`` relies on."""
+stop signals to its rank, but ends on its rank's own SIGTERM, as torch and multiprocessing end workers, and tells its
+rank where it is when asked (a stall report); a pool of the module's own keeps the signals' usual effect, which
+``Pool.terminate`` relies on."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,10 +18,15 @@ STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 # then the worker serves one more batch per line on standard input, and the script exits at its end, which
 # multiprocessing does by sending its live workers SIGTERM and waiting for them.
 REPORT = """
-import ctypes, json, multiprocessing, os, signal, sys
+import ctypes, json, multiprocessing, os, signal, sys, threading, time
+from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
+from training.heartbeat.stall import WAITS_FOR_DATA, where
 from training.job.forked import end_forked_with_this_process
+from training.private_api import main_thread_stack
+
+HOLD = Path(sys.argv[1])
 
 def report(_=None):
     blocked = next(line for line in open("/proc/self/status") if line.startswith("SigBlk:")).split()[1]
@@ -31,7 +38,19 @@ class Reports(Dataset):
     def __len__(self):
         return 1000
     def __getitem__(self, index):
+        while HOLD.exists():  # a read on a dead mount
+            threading.Event().wait(0.01)
         return torch.tensor(report())
+
+def ask_while_waiting(asked):  # what a stall report finds once the main thread waits for a worker stuck reading
+    found, deadline = {}, time.monotonic() + 120  # then the test fails on what was found
+    while "worker" not in found and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+        stack = main_thread_stack(12)
+        found = where(stack) if WAITS_FOR_DATA in "".join(stack) else {}
+    print(json.dumps(found), flush=True)
+    HOLD.unlink()
+    asked.set()
 
 end_forked_with_this_process()
 batches = iter(DataLoader(Reports(), num_workers=1, batch_size=None, prefetch_factor=1))
@@ -40,6 +59,13 @@ with multiprocessing.get_context("fork").Pool(1) as pool:
     pooled = pool.apply(report)
 print(json.dumps({"worker": worker, "pool": pooled, "rank": report()}), flush=True)
 for line in sys.stdin:
+    if line == "stall\\n":
+        HOLD.touch()
+        asked = threading.Event()
+        threading.Thread(target=ask_while_waiting, args=(asked,)).start()
+        while not asked.is_set():
+            next(batches)
+        continue
     print(json.dumps(next(batches).tolist()), flush=True)
 """
 
@@ -48,9 +74,13 @@ def blocked(mask: int) -> set[int]:
     return {signum for signum in STOPS if mask & (1 << (signum - 1))}
 
 
-def test_a_dataloader_worker_leaves_stop_signals_to_its_rank_and_ends_on_the_ranks_sigterm():
+def test_a_dataloader_worker_leaves_stop_signals_to_its_rank_tells_it_where_it_is_and_ends_on_its_sigterm(tmp_path):
     rank = subprocess.Popen(
-        [sys.executable, "-c", REPORT], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", REPORT, str(tmp_path / "hold")],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         found = json.loads(rank.stdout.readline())
@@ -64,6 +94,12 @@ def test_a_dataloader_worker_leaves_stop_signals_to_its_rank_and_ends_on_the_ran
         rank.stdin.write("next\n")
         rank.stdin.flush()
         assert json.loads(rank.stdout.readline())[0] == worker, "the worker did not serve on after the signals"
+        rank.stdin.write("stall\n")  # the worker's reads hang; the rank asks its workers where they are
+        rank.stdin.flush()
+        found = json.loads(rank.stdout.readline())
+        assert found.get("worker") == worker, found
+        assert re.fullmatch(r"__getitem__ \(<string>:\d+\)", found["place"]), found  # not threading's wait
+        assert "in __getitem__" in "".join(found["worker_stack"]) and "selectors" in "".join(found["stack"]), found
         rank.stdin.close()  # the rank exits, and multiprocessing ends its worker with SIGTERM
         assert rank.wait(timeout=120) == 0
     finally:

@@ -59,7 +59,9 @@ def exits(monkeypatch):
 def start(exits):
     started: list[Liveness] = []
 
-    def run(port: int, rank: int, node: int, world_size: int = 2, peer_timeout: timedelta = PEER_TIMEOUT) -> Liveness:
+    def run(
+        port: int, rank: int, node: int, world_size: int = 2, peer_timeout: timedelta = PEER_TIMEOUT, **options
+    ) -> Liveness:
         member = Liveness(
             ("127.0.0.1", port),
             {"rank": rank, "node": node, "local": 0},
@@ -68,6 +70,7 @@ def start(exits):
             timedelta(minutes=30),
             lambda: (1, 70),
             announce=True,
+            **options,
         )
         member.start()
         started.append(member)
@@ -238,6 +241,31 @@ def test_after_a_failed_collective_a_peer_that_stopped_with_an_error_is_named(
         f"rank 1 (local rank 0) of node 1 ({socket.gethostname()}, 127.0.0.1) stopped with an error: ValueError: the "
         f"loss is nan. {where_the_traceback_is} has the traceback; every other process stopped with it."
     )
+
+
+def test_a_collective_timeout_while_a_peer_is_stalled_names_that_peer_and_where_it_is(store, exits, start, capsys):
+    _, port = store
+    in_dataset = ['  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n']
+    waiting = [
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 9, in barrier\n'
+    ]
+    progress = {"stage": "validate", "run": "fit", "quiet": 900.0, "epoch": 1, "step": 32}
+    stalled = {"batches": 33, "stack": in_dataset, "place": "__getitem__ (/home/me/my_pkg/data.py:42)", **progress}
+    stall = (timedelta(seconds=1), timedelta(0))  # reported, but only the collective's timeout stops the job
+    zero = start(port, 0, 0, activity=lambda: {"batches": 34, "stack": waiting, **progress}, stall=stall)
+    one = start(port, 1, 0, activity=lambda: stalled, stall=stall)
+    hear_each_other(zero, one)
+    wait_until(lambda: all("stack" in peer.beat for peer in zero.hearing.peers.values()))
+    paragraph = zero.failed(raised_in_a_collective("[gloo/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv"))
+    assert (
+        paragraph.startswith("the job stopped: rank 1 (local rank 0, pid ")
+        and ") made no progress in validation for 900 s (at epoch 1, step 32), longer than the collective timeout "
+        "(0:30:00), while the other processes waited for it in a collective. Its main thread was in __getitem__ "
+        "(/home/me/my_pkg/data.py:42)"
+        in paragraph
+    ), paragraph
+    assert "if such waits are expected, raise trainer.strategy.init_args.timeout" in paragraph
+    assert "has made no progress in validation for 900 s" in capsys.readouterr().err  # the report that came first
 
 
 def raised_in_a_collective(message: str) -> RuntimeError:

@@ -106,7 +106,7 @@ def test_rank_1_killed_in_training_is_named_by_rank_0_with_the_command_that_resu
     )
     assert ") was killed by SIGKILL (by someone, or by the system when memory ran out" in paragraph
     assert f"This node had reached epoch 0, step {HOLD_STEP}." in paragraph
-    assert "To resume from it, run the same command on every node again" in paragraph
+    assert "To resume from it, run the same command again; this node was started with: python " in paragraph
     assert rank_1_killed["output"].count("error: ") == 1
 
 
@@ -118,7 +118,7 @@ def test_rank_0_killed_in_training_is_named_by_rank_1_with_the_command_that_resu
     )
     assert "which started this process, ended" in paragraph
     assert f"This node had reached epoch 0, step {HOLD_STEP}." in paragraph
-    assert "To resume from it, run the same command on every node again" in paragraph
+    assert "To resume from it, run the same command again; this node was started with: python " in paragraph
     assert rank_0_killed["output"].count("error: ") == 1
 
 

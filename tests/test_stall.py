@@ -1,15 +1,18 @@
-"""Which process of a job is stalled, from the heartbeats every process sends (training/heartbeat/stall.py), and what
-the node logs say of it."""
+"""Which process of a job is stalled, in training, validation, test or predict, from the heartbeats every process sends
+(training/heartbeat/stall.py), and what the node logs say of it."""
 
+import os
+import sysconfig
 import threading
 import time
 from datetime import timedelta
 from types import SimpleNamespace
 
-from lightning.pytorch.trainer.states import RunningStage
+import torch
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from training.heartbeat import why_stopped
-from training.heartbeat.stall import Activity, stalled, where_it_waits
+from training.heartbeat.stall import Activity, own_frame, stalled
 from training.private_api import main_thread_stack
 
 IN_DATASET = ['  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n    return self.read(index)\n']
@@ -18,17 +21,32 @@ IN_ALL_REDUCE = ['  File "/venv/lib/python3.11/site-packages/torch/autograd/__in
 IN_SAVE = ['  File "/venv/lib/python3.11/site-packages/torch/serialization.py", line 967, in save\n']
 
 
+STDLIB, TORCH = sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__)  # as a stack shows them here
+IN_WAIT = [f'  File "{STDLIB}/threading.py", line 327, in wait\n    gotit = waiter.acquire(True, timeout)\n']
+IN_LOADER = [
+    f'  File "{TORCH}/utils/data/dataloader.py", line 1285, in _get_data\n',
+    f'  File "{STDLIB}/selectors.py", line 415, in select\n',
+]
+
+
 def beat(rank: int, batches: int, stack: list[str], quiet: float = 200.0, stage: str = "train") -> dict:
     return {
         "rank": rank, "local": rank, "pid": 4200 + rank, "node": 0, "host": "gpu-a", "address": "10.0.0.1",
         "batches": batches, "stage": stage, "quiet": quiet, "epoch": 0, "step": batches - 1, "stack": stack,
+        "place": own_frame(stack), "run": "fit",
     }  # fmt: skip
 
 
 def test_a_process_behind_the_others_that_made_no_progress_is_stalled_in_training():
     beats = {0: beat(0, 5, IN_ALL_REDUCE), 1: beat(1, 4, IN_DATASET), 2: beat(2, 5, IN_ALL_REDUCE)}
     assert stalled(beats, 120) == {1: "training"}
-    assert where_it_waits(beats[1]) == "__getitem__ (/home/me/my_pkg/data.py:42)"
+    assert beats[1]["place"] == "__getitem__ (/home/me/my_pkg/data.py:42)"
+
+
+def test_where_a_process_waits_is_the_innermost_frame_of_the_users_code():
+    assert own_frame(IN_DATASET + IN_WAIT) == "__getitem__ (/home/me/my_pkg/data.py:42)"  # not threading's wait
+    assert own_frame(IN_LOADER) == f"select ({STDLIB}/selectors.py:415)"  # only libraries: the innermost
+    assert own_frame([]) == "somewhere its stack does not show"
 
 
 def test_a_process_stuck_in_its_own_step_while_the_others_wait_in_the_all_reduce_is_stalled():
@@ -36,10 +54,13 @@ def test_a_process_stuck_in_its_own_step_while_the_others_wait_in_the_all_reduce
     assert stalled(beats, 120) == {1: "training"}
 
 
-def test_a_process_that_saves_or_validates_is_busy_not_stalled():
+def test_a_process_that_saves_is_busy_and_one_stuck_in_an_evaluation_is_stalled_there():
     assert stalled({0: beat(0, 5, IN_SAVE), 1: beat(1, 5, IN_ALL_REDUCE)}, 120) == {0: "saving a checkpoint"}
-    validating = {0: beat(0, 5, IN_FORWARD, stage="validate"), 1: beat(1, 5, IN_ALL_REDUCE)}
-    assert stalled(validating, 120) == {0: "validating"}
+    for stage, what in [("validate", "validation"), ("sanity_check", "the sanity check"), ("predict", "prediction")]:
+        behind = {0: beat(0, 9, IN_ALL_REDUCE, stage=stage), 1: beat(1, 8, IN_DATASET, stage=stage)}
+        assert stalled(behind, 120) == {1: what}
+    moved_on = {0: beat(0, 9, IN_FORWARD), 1: beat(1, 8, IN_DATASET, stage="validate")}  # rank 0 is training again
+    assert stalled(moved_on, 120) == {1: "validation"}
 
 
 def test_nobody_is_stalled_before_the_time_or_while_all_wait_or_progress():
@@ -66,18 +87,57 @@ def test_every_node_logs_the_stalled_process_with_its_stack_and_what_follows():
     )
 
 
-def test_a_process_tells_its_progress_and_once_it_stopped_making_any_where_its_main_thread_is():
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(ready=3))))
-    trainer = SimpleNamespace(
-        fit_loop=loop, state=SimpleNamespace(stage=RunningStage.TRAINING), current_epoch=0, global_step=3
+def test_a_process_waiting_for_a_stuck_dataloader_worker_is_named_with_the_workers_pid_and_stack():
+    predicting = beat(1, 4, IN_LOADER, stage="predict") | {"run": "predict", "read": 3}
+    predicting |= {"worker": 4321, "worker_stack": IN_DATASET + IN_WAIT, "place": own_frame(IN_DATASET + IN_WAIT)}
+    report = why_stopped.stall_report(predicting, "prediction", timedelta(minutes=5), timedelta(minutes=30))
+    assert " has made no progress in prediction for 200 s (after 3 batches of predict), while " in report
+    assert report.split("in a collective. ")[1].startswith(
+        "Its main thread waits for its DataLoader worker (pid 4321), which is at:\n"
+        '  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n'
     )
+    assert "selectors" not in report
+    paragraph = why_stopped.stalled(predicting, "prediction", "stall_timeout (0:05:00)", "TAIL")
+    assert (
+        "longer than stall_timeout (0:05:00), while the other processes waited for it in a collective. Its "
+        "DataLoader worker (pid 4321) was in __getitem__ (/home/me/my_pkg/data.py:42); every node's log" in paragraph
+    )
+    assert "set trainer.strategy.init_args.stall_timeout to 0. TAIL" in paragraph
+    waited = why_stopped.stalled(beat(1, 4, IN_DATASET), "training", "the collective timeout (0:01:30)", "TAIL")
+    assert "longer than the collective timeout (0:01:30), while the other processes" in waited
+    assert "Its main thread was in __getitem__ (/home/me/my_pkg/data.py:42)" in waited
+    assert "if such waits are expected, raise trainer.strategy.init_args.timeout. TAIL" in waited
+
+
+def loop(ready: int) -> SimpleNamespace:
+    return SimpleNamespace(batch_progress=SimpleNamespace(total=SimpleNamespace(ready=ready)))
+
+
+def test_a_process_tells_its_progress_and_once_it_stopped_making_any_where_its_main_thread_is():
+    training, validating, predicting = loop(3), loop(0), loop(0)
+    training.val_loop = validating
+    trainer = SimpleNamespace(
+        fit_loop=SimpleNamespace(epoch_loop=training), validate_loop=loop(0), test_loop=loop(0),
+        predict_loop=predicting, state=SimpleNamespace(stage=RunningStage.TRAINING, fn=TrainerFn.FITTING),
+        current_epoch=0, global_step=3,
+    )  # fmt: skip
     activity = Activity(lambda: trainer, stack_after=0.2)
     first = activity()
     assert first["batches"] == 3 and first["stage"] == "train" and first["quiet"] < 0.2 and "stack" not in first
     time.sleep(0.3)
-    assert "in test_a_process_tells_its_progress" in "".join(activity()["stack"])
-    loop.epoch_loop.batch_progress.total.ready = 4
-    assert "stack" not in activity()
+    found = []  # asked from another thread, as the heartbeat's
+    asking = threading.Thread(target=lambda: found.append(activity()))
+    asking.start()
+    asking.join()
+    late = found[0]
+    assert "in test_a_process_tells_its_progress" in "".join(late["stack"])
+    assert late["place"].startswith("test_a_process_tells_its_progress_and_once_it_stopped_making_any_where_its_main")
+    trainer.state.stage = RunningStage.VALIDATING
+    validating.batch_progress.total.ready = 1  # a validation batch is progress too
+    assert "stack" not in activity() and activity()["batches"] == 4
+    trainer.state = SimpleNamespace(stage=RunningStage.PREDICTING, fn=TrainerFn.PREDICTING)
+    predicting.batch_progress.total.ready = 2
+    assert activity()["run"] == "predict" and activity()["read"] == 2 and activity()["batches"] == 6
     assert Activity(lambda: None, 0.2)() == {}
 
 

@@ -5,13 +5,15 @@ two optimizers and no validation (Lightning's GAN example), a classifier that lo
 ReduceLROnPlateau on it (Lightning's docs) or a OneCycleLR sized by the run's total steps, a module given a partial
 optimizer and scheduler and its network (lightning-hydra-template's MNIST module), a classifier whose accuracy
 saturates (a plateau), one whose learning rate explodes after its first epoch, samples read one at a time by
-DataLoader workers from storage that can hang, a stream without a length read from shards that ``prepare_data``
-writes, an attention layer whose memory grows with the square of its sequences' length, and a regressor that
-compiles its network with torch.compile when asked, and one that keeps numpy statistics in its checkpoints.
+DataLoader workers from storage that can hang (in training, or in validation and prediction), a stream without a
+length read from shards that ``prepare_data`` writes, an attention layer whose memory grows with the square of its
+sequences' length, and a regressor that compiles its network with torch.compile when asked, and one that keeps numpy
+statistics in its checkpoints.
 """
 
+import contextlib
 import os
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +74,11 @@ class Reads(Dataset):
         self.reads += 1
         if self.stall_file and self.rank == self.stall_rank and self.reads == self.stall_at:
             stall = Path(self.stall_file)
-            Path(f"{stall}.rank{self.rank}").write_text(str(os.getpid()))
-            while stall.exists():
-                time.sleep(0.05)
+            with contextlib.suppress(FileExistsError):  # the first reader to get there hangs, the others read on
+                with Path(f"{stall}.rank{self.rank}").open("x") as pid:
+                    pid.write(str(os.getpid()))
+                while stall.exists():
+                    threading.Event().wait(0.05)  # as a read waits for an answer: innermost, threading's frame
         return self.x[index], self.y[index]
 
 
@@ -104,6 +108,40 @@ class FileSamples(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         return DataLoader(self.train_set, batch_size=hp.batch_size, shuffle=True, num_workers=hp.num_workers)
+
+
+class HeldOutSamples(FileSamples):
+    """FileSamples with held-out samples, read the same way for validation and prediction by workers that persist
+    across epochs: the stall is in those reads (a worker's ``stall_at``-th, over every epoch), not in training's."""
+
+    def __init__(
+        self,
+        num_samples: int = 512,
+        batch_size: int = 16,
+        num_workers: int = 2,
+        stall_file: str = "",
+        stall_rank: int = 0,
+        stall_at: int = 40,
+        num_held_out: int = 64,
+    ) -> None:
+        super().__init__(num_samples, batch_size, num_workers, stall_file, stall_rank, stall_at)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.train_set.stall_file = ""
+        x = torch.randn(self.hparams.num_held_out, self.num_features, generator=torch.Generator().manual_seed(1))
+        hp = self.hparams
+        self.held_out = Reads(x, x.sum(dim=1, keepdim=True), hp.stall_file, hp.stall_rank, hp.stall_at)
+        self.held_out.rank = self.train_set.rank
+
+    def val_dataloader(self) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(
+            self.held_out, batch_size=hp.batch_size, num_workers=hp.num_workers, persistent_workers=hp.num_workers > 0
+        )
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
 
 
 class Samples(LightningDataModule):

@@ -58,8 +58,9 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         peer_timeout: how long a process may go unheard before the job counts it as lost, e.g. ``"0:01:00"``.
         min_nodes: the fewest nodes an elastic job goes on with, under torchrun (training/job/elastic.py);
             ``trainer.num_nodes`` is then the most. None: always ``trainer.num_nodes``.
-        stall_report, stall_timeout: a process that made no progress in training for this long while the others
-            wait for it is named in every node's log; then the job stops (training/heartbeat/stall.py). 0: never.
+        stall_report, stall_timeout: a process that made no progress (training, validating, testing, predicting)
+            for this long while the others wait for it is named in every node's log; then the job stops
+            (training/heartbeat/stall.py). 0: never.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
@@ -251,6 +252,7 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
             node=self._node_processes(),
             activity=Activity(lambda: self.running, self.stall[0].total_seconds()),
             stall=self.stall,
+            nodes=self.num_nodes,
         )
 
     def _progress(self) -> tuple[int, int] | None:

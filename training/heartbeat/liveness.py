@@ -24,7 +24,7 @@ from torch.distributed import Store
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
-from training.heartbeat.stall import stalled, where_it_waits
+from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.heartbeat.verdicts import Verdicts
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
 from training.job.store import connect
@@ -57,6 +57,7 @@ class Liveness(Verdicts):
         activity: this process's progress in training, for its heartbeat (training/heartbeat/stall.py).
         stall: ``(stall_report, stall_timeout)``: a process that made no progress in training for the first while
             the others wait for it is named in every node's log; after the second (unless 0) the job stops.
+        nodes: how many nodes the job has, for the command that resumes it.
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class Liveness(Verdicts):
         node: NodeProcesses | None = None,
         activity: Callable[[], dict[str, Any]] = dict,
         stall: tuple[timedelta, timedelta] = (timedelta(0), timedelta(0)),
+        nodes: int = 2,
     ) -> None:
         self.store = store
         self.store_address = f"{store[0]}:{store[1]}"
@@ -82,10 +84,15 @@ class Liveness(Verdicts):
         self.peer_timeout = peer_timeout
         self.period = beat_period(peer_timeout)
         self.progress = progress
-        self.describe = {"command": why_stopped.launch_command(), "collective_timeout": collective_timeout}
+        self.describe = {
+            "command": why_stopped.launch_command(),
+            "collective_timeout": collective_timeout,
+            "nodes": nodes,
+        }
         self.announce = announce
         self.node = node
         self.state: dict[str, Any] = {"state": "running"}
+        self.trainer_fn = "fit"
         self.checkpoint: dict[str, Any] | None = None
         self.hearing = Hearing(world_size, self.period)
         self.client: Store | None = None
@@ -136,14 +143,17 @@ class Liveness(Verdicts):
         """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it.
 
         With ``only_here`` (a verdict no other process reaches by itself: the run's directory gone, memory that ran
-        out), first wait a few heartbeats at most until every other process has heard it and stops with it: they
-        hear it through the store, which ends with global rank 0's process."""
+        out), and always in global rank 0's process, which holds the store, first wait a few heartbeats at most until
+        every other process still beating has heard it and stops with it: they hear it through the store, which
+        ends with global rank 0's process (without the wait, a process stalled in a collective's place would name
+        node 0 as lost instead)."""
         if not self.stopping.acquire(blocking=False):
             threading.Event().wait()
         self.state = {"state": "stopping", "verdict": paragraph}
         self._publish()
         deadline = time.monotonic() + 5 * self.period
-        while only_here and time.monotonic() < deadline and not self._all_stopping():
+        wait = only_here or self.me["rank"] == 0
+        while wait and time.monotonic() < deadline and not self._all_stopping():
             time.sleep(self.period / 4)
         if self.node is not None:  # a frozen process that started this one would speak for the node, and never end
             end_frozen_starter()
@@ -155,8 +165,12 @@ class Liveness(Verdicts):
         os._exit(EXIT_STATUS)
 
     def _all_stopping(self) -> bool:
-        others = [peer.beat for rank, peer in dict(self.hearing.peers).items() if rank != self.me["rank"]]
-        return len(others) == self.world_size - 1 and all(beat.get("state") != "running" for beat in others)
+        """Whether every other process has been heard and has stopped running, or has been silent for a while (lost:
+        it never will)."""
+        heard = dict(self.hearing.peers)
+        silent = self.hearing.silent(time.monotonic(), 3 * self.period)
+        others = [rank for rank in range(self.world_size) if rank != self.me["rank"]]
+        return all(rank in heard and (heard[rank].beat.get("state") != "running" or rank in silent) for rank in others)
 
     def _speaks(self) -> bool:
         """Whether this process prints what its node says: local rank 0, or whichever speaks for the node."""
@@ -164,7 +178,9 @@ class Liveness(Verdicts):
 
     def _beat_value(self) -> str:
         self.count += 1
-        beat = {"count": self.count, **self.me, **self.state, **self.activity()}
+        activity = self.activity()
+        self.trainer_fn = activity.get("run", self.trainer_fn)
+        beat = {"count": self.count, **self.me, **self.state, **activity}
         if self.checkpoint:
             beat["checkpoint"] = self.checkpoint
         return json.dumps(beat)
@@ -241,9 +257,9 @@ class Liveness(Verdicts):
         if not self.stall_timeout:
             return
         for rank, what in stalled(beats, self.stall_timeout.total_seconds()).items():
-            if what == "training":
-                place = where_it_waits(beats[rank])
-                self.stop_job(why_stopped.stalled(beats[rank], place, self.stall_timeout, self._tail(None)))
+            if what != SAVING_A_CHECKPOINT:
+                limit = f"stall_timeout ({self.stall_timeout})"
+                self.stop_job(why_stopped.stalled(beats[rank], what, limit, self._tail(None)))
 
 
 def address_towards(host: str, port: int) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
+from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.job.node_processes import NodeProcesses
 from training.run import storage_failure
 from training.run.out_of_memory import out_of_memory
@@ -31,6 +32,8 @@ class Verdicts:
     describe: dict[str, Any]
     progress: Callable[[], tuple[int, int] | None]
     checkpoint: dict[str, Any] | None
+    stall_report: timedelta
+    trainer_fn: str  # the subcommand's Trainer function: fit, validate, test or predict
 
     def failed(self, error: BaseException) -> str | None:
         """The paragraph for a collective that failed with ``error``, or None where nothing explains it.
@@ -45,9 +48,15 @@ class Verdicts:
             time.sleep(min(self.period, 0.5))
         if paragraph:
             return paragraph
-        if why_stopped.timed_out(error):
-            return why_stopped.collective_timeout(error, self.describe["collective_timeout"], self._tail(None))
-        return None
+        if not why_stopped.timed_out(error):
+            return None
+        timeout = self.describe["collective_timeout"]
+        beats = {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}
+        for rank, what in stalled(beats, self.stall_report.total_seconds() or timeout.total_seconds()).items():
+            if what != SAVING_A_CHECKPOINT:  # the process the collective waited for, named as a stall
+                limit = f"the collective timeout ({timeout})"
+                return why_stopped.stalled(beats[rank], what, limit, self._tail(None))
+        return why_stopped.collective_timeout(error, timeout, self._tail(None))
 
     def own_failure(self, error: BaseException, trainer: Any) -> str | None:
         """The paragraph for this process's own ``error`` in ``trainer``'s run where it is no bug: the run's directory
@@ -110,4 +119,5 @@ class Verdicts:
     def _tail(self, lost: str | None) -> str:
         zero = self.hearing.peers.get(0)
         checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
-        return why_stopped.tail(lost, self.progress(), checkpoint, self.describe["command"])
+        command, nodes = self.describe["command"], self.describe["nodes"]
+        return why_stopped.tail(lost, self.progress(), checkpoint, command, self.trainer_fn, nodes)

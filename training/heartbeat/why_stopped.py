@@ -15,6 +15,8 @@ from typing import Any
 
 from torch.distributed import DistError
 
+from training.heartbeat.stall import SAVING_A_CHECKPOINT
+
 # What gloo and NCCL say when a peer went away or a collective ran out of time.
 COLLECTIVE_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset|refused)|broken pipe|timed out|timeout", re.I)
 TIMED_OUT = re.compile(r"timed out|timeout", re.I)
@@ -105,31 +107,50 @@ def who(beat: dict[str, Any]) -> str:
     return f"rank {beat.get('rank')} (local rank {beat.get('local')}, pid {beat.get('pid')}) of {where(beat)}"
 
 
+def at(beat: dict[str, Any]) -> str:
+    """How far a process had got: its epoch and step in a fit, the batches it read in validate, test or predict."""
+    if beat.get("run", "fit") == "fit":
+        return f"at epoch {beat.get('epoch')}, step {beat.get('step')}"
+    read = beat.get("read")
+    return f"after {read} batch{'' if read == 1 else 'es'} of {beat['run']}"
+
+
 def stall_report(beat: dict[str, Any], what: str, stall_timeout: timedelta, collective_timeout: timedelta) -> str:
     """What every node logs of a process that has made no progress for a while, as ``what`` says (stall.py)."""
-    at = f"at epoch {beat.get('epoch')}, step {beat.get('step')}"
-    if what != "training":
-        return f"note: {who(beat)} has been {what} for {beat['quiet']:.0f} s ({at}); the other processes wait for it."
+    if what == SAVING_A_CHECKPOINT:
+        busy = f"{who(beat)} has been {what} for {beat['quiet']:.0f} s ({at(beat)})"
+        return f"note: {busy}; the other processes wait for it."
     stops = (
         f"The job stops once it has made none for trainer.strategy.init_args.stall_timeout ({stall_timeout})"
         if stall_timeout
         else f"The job waits for it up to the collective timeout ({collective_timeout}; stall_timeout is 0)"
     )
+    if "worker" in beat:
+        where = f"Its main thread waits for its DataLoader worker (pid {beat['worker']}), which is at:"
+        stack = beat["worker_stack"]
+    else:
+        where, stack = "Its main thread is at:", beat.get("stack", [])
     return (
-        f"warning: {who(beat)} has made no progress in training for {beat['quiet']:.0f} s ({at}), while the other "
-        f"processes wait for it in a collective. Its main thread is at:\n{''.join(beat.get('stack', [])).rstrip()}\n"
-        f"{stops}."
+        f"warning: {who(beat)} has made no progress in {what} for {beat['quiet']:.0f} s ({at(beat)}), while the "
+        f"other processes wait for it in a collective. {where}\n{''.join(stack).rstrip()}\n{stops}."
     )
 
 
-def stalled(beat: dict[str, Any], place: str, stall_timeout: timedelta, tail: str) -> str:
+def stalled(beat: dict[str, Any], what: str, limit: str, tail: str) -> str:
+    """The job stopped for a process that made no progress in ``what`` (stall.py) for longer than ``limit``: the
+    stall_timeout, or the collective timeout another process waited in it for."""
+    place = f"DataLoader worker (pid {beat['worker']})" if "worker" in beat else "main thread"
+    if limit.startswith("stall_timeout"):
+        instead = (
+            "to wait for it up to the collective timeout instead, set trainer.strategy.init_args.stall_timeout to 0"
+        )
+    else:
+        instead = "if such waits are expected, raise trainer.strategy.init_args.timeout"
     return (
-        f"the job stopped: {who(beat)} made no progress in training for {beat['quiet']:.0f} s (at epoch "
-        f"{beat.get('epoch')}, step {beat.get('step')}), longer than stall_timeout ({stall_timeout}), while the other "
-        f"processes waited for it in a collective. Its main thread was in {place}; every node's log shows its stack. "
-        "A data loader that blocks (a dataset on a dead mount, a DataLoader worker deadlocked as it started) or a "
-        "hung call in the step stalls a process so; to wait for it up to the collective timeout instead, set "
-        f"trainer.strategy.init_args.stall_timeout to 0. {tail}"
+        f"the job stopped: {who(beat)} made no progress in {what} for {beat['quiet']:.0f} s ({at(beat)}), longer than "
+        f"{limit}, while the other processes waited for it in a collective. Its {place} was in {beat.get('place')}; "
+        "every node's log shows its stack. A data loader that blocks (a dataset on a dead mount, a DataLoader worker "
+        f"deadlocked as it started) or a hung call in the step stalls a process so; {instead}. {tail}"
     )
 
 
@@ -151,8 +172,24 @@ def collective_timeout(error: BaseException, timeout: timedelta, tail: str) -> s
     )
 
 
-def tail(lost: str | None, progress: tuple[int, int] | None, checkpoint: dict[str, Any] | None, command: str) -> str:
-    """Where the job had got to, its last complete checkpoint and the command that resumes from it."""
+def tail(
+    lost: str | None,
+    progress: tuple[int, int] | None,
+    checkpoint: dict[str, Any] | None,
+    command: str,
+    run: str = "fit",
+    nodes: int = 2,
+) -> str:
+    """Where the job (of ``nodes`` nodes) had got to, its last complete checkpoint and the command that resumes from
+    it; for a ``run`` other than fit (validate, test, predict), that it wrote nothing of its end and the command that
+    runs it again."""
+    again = f"run the same command{' on every node' if nodes > 1 else ''} again"
+    back = f"once {lost} is back (or replaced), " if lost else ""
+    if run != "fit":
+        return (
+            f"The {run} stopped before its end, so nothing it writes at its end was written: to {run} from the start, "
+            f"{back}{again}{STARTED}{command}"
+        )
     reached = f"This node had reached epoch {progress[0]}, step {progress[1]}." if progress else ""
     if checkpoint:
         saved = (
@@ -163,8 +200,7 @@ def tail(lost: str | None, progress: tuple[int, int] | None, checkpoint: dict[st
         saved = (
             "No checkpoint was completed since this attempt started: resuming uses the run's newest last.ckpt, if any."
         )
-    back = f"once {lost} is back (or replaced), " if lost else ""
-    resume = f"To resume from it, {back}run the same command on every node again (only the node rank differs)"
+    resume = f"To resume from it, {back}{again}{' (only the node rank differs)' if nodes > 1 else ''}"
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
         resume = (
             "torchrun restarts the workers from it by itself, up to its --max-restarts, once enough nodes have "

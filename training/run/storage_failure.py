@@ -99,7 +99,7 @@ def explain_alone(error: BaseException, trainer: Trainer) -> None:
     one process (training/run/record.py); training/config/checks.py finds it there."""
     progress, command = (trainer.current_epoch, trainer.global_step), why_stopped.launch_command()
     reached = f"This run had reached epoch {progress[0]}, step {progress[1]}."
-    tail = why_stopped.tail(None, progress, None, command)
+    tail = why_stopped.tail(None, progress, None, command, getattr(trainer.state.fn, "value", "fit"), nodes=1)
     if paragraph := failed_run(error, run_of(trainer), reached, command, tail):
         error.add_note(EXPLAINED + paragraph)
 
