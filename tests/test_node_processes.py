@@ -338,3 +338,22 @@ def test_sigterm_once_the_run_has_ended_ends_the_process_as_without_the_template
     ended = terminated_while_held(tmp_path, 1, *limits, "--trainer.logger=false", *hold)
     assert ended["status"] == -signal.SIGTERM, ended["output"]
     assert "error: " not in ended["output"] and "Traceback" not in ended["output"], ended["output"]
+
+
+def test_a_bug_in_rank_0s_data_worker_ends_the_node_before_the_command_returns_with_the_jobs_state_last(tmp_path):
+    # A corrupt sample: the 5th read of a DataLoader worker of rank 0 raises. The user's traceback is printed, and the
+    # command returns only once rank 1 and every DataLoader worker are gone, with the paragraph after the traceback.
+    corrupt = ["--data=tests.zoo.FileSamples", "--data.init_args.stall_rank=0", "--data.init_args.corrupt_at=5"]
+    job = start(tmp_path, *corrupt, "--trainer.max_epochs=1")
+    assert job.wait(timeout=300) == 1
+    left = processes_in(tmp_path)  # at once: nothing of the job may outlive the command
+    output = (tmp_path / "output").read_text()
+    assert left == [], output
+    assert "ValueError: sample " in output and "is corrupt: cannot decode it" in output  # the user's traceback
+    lines = output.rstrip().splitlines()
+    assert lines[-1].startswith(f"error: the job stopped: rank 0 (local rank 0, pid {job.pid}) of node 0 ("), output
+    assert "stopped with the error above (ValueError: Caught ValueError in DataLoader worker process " in lines[-1]
+    assert "); the rest of the job stopped with it. This node had reached epoch 0, step " in lines[-1]
+    assert "To resume from it, run the same command again; this node was started with: python " in lines[-1]
+    assert output.count("error: ") == 1, output
+    assert "Traceback" in output.split(lines[-1])[0], "the traceback comes before the paragraph"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, wait_for_hold
+from tests.helpers import REPO, free_port, wait_for_hold
 from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
 from training.job import node_processes
 
@@ -54,6 +54,25 @@ def orphans(monkeypatch):
     for process in started.values():
         process.kill()
         process.wait()
+
+
+@pytest.mark.parametrize(
+    ("subcommand", "told"),
+    [
+        ("fit", "before training: nothing was trained and no checkpoint was written. Run the same command again to "
+         "start the job."),
+        ("predict", "before its predict ran: nothing was written. Run the same command again to start the predict."),
+    ],
+)  # fmt: skip
+def test_a_stop_while_cli_py_starts_speaks_of_what_its_subcommand_would_have_written(subcommand, told):
+    # The handler cli.py takes first (training/job/early.py), in a process of the standard library alone.
+    stop = "import signal, sys; from training.job import early; sys.argv[1:] = sys.argv[2:]; early.take_stop_signals()"
+    stop += "; signal.raise_signal(signal.SIGINT); print('went on')"
+    stopped = subprocess.run(
+        [sys.executable, "-c", stop, "cli.py", subcommand], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert stopped.returncode == 1 and stopped.stdout == "", stopped
+    assert stopped.stderr.strip().endswith(f"was stopped by a signal (SIGINT) while it started, {told}"), stopped
 
 
 def test_once_local_rank_0_ended_the_lowest_local_rank_still_running_speaks_for_the_node(orphans):

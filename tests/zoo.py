@@ -59,11 +59,13 @@ class Blobs(LightningDataModule):
 class Reads(Dataset):
     """``(x, y)`` pairs read one at a time, as from files on a network mount; the ``stall_at``-th read of a worker of
     global rank ``stall_rank`` hangs while ``stall_file`` exists (a dead mount), once it wrote its pid to
-    ``<stall_file>.rank<R>``."""
+    ``<stall_file>.rank<R>``; its ``corrupt_at``-th read (0: none) raises, as a corrupt sample does."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, stall_file: str, stall_rank: int, stall_at: int) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, stall_file: str, stall_rank: int, stall_at: int, corrupt_at: int = 0
+    ) -> None:
         self.x, self.y = x, y
-        self.stall_file, self.stall_rank, self.stall_at = stall_file, stall_rank, stall_at
+        self.stall_file, self.stall_rank, self.stall_at, self.corrupt_at = stall_file, stall_rank, stall_at, corrupt_at
         self.rank = 0
         self.reads = 0
 
@@ -72,6 +74,8 @@ class Reads(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.reads += 1
+        if self.rank == self.stall_rank and self.reads == self.corrupt_at:
+            raise ValueError(f"sample {index} is corrupt: cannot decode it")
         if self.stall_file and self.rank == self.stall_rank and self.reads == self.stall_at:
             stall = Path(self.stall_file)
             with contextlib.suppress(FileExistsError):  # the first reader to get there hangs, the others read on
@@ -94,6 +98,7 @@ class FileSamples(LightningDataModule):
         stall_file: str = "",
         stall_rank: int = 0,
         stall_at: int = 40,
+        corrupt_at: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -102,7 +107,7 @@ class FileSamples(LightningDataModule):
     def setup(self, stage: str) -> None:
         hp = self.hparams
         x = torch.randn(hp.num_samples, self.num_features, generator=torch.Generator().manual_seed(0))
-        self.train_set = Reads(x, x.sum(dim=1, keepdim=True), hp.stall_file, hp.stall_rank, hp.stall_at)
+        self.train_set = Reads(x, x.sum(dim=1, keepdim=True), hp.stall_file, hp.stall_rank, hp.stall_at, hp.corrupt_at)
         self.train_set.rank = self.trainer.global_rank if self.trainer else 0
 
     def train_dataloader(self) -> DataLoader:

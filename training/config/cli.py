@@ -1,6 +1,7 @@
 """The template's LightningCLI: what it checks before a run starts, and how it reports a mistake in what it was
 given (one paragraph, no traceback). cli.py runs it."""
 
+import atexit
 import contextlib
 import functools
 import os
@@ -25,7 +26,7 @@ from training.config.trainer_settings import cores_warning
 from training.job import early
 from training.job.fingerprint import config_items
 from training.job.forked import end_forked_with_this_process
-from training.job.node_processes import let_later_end, speaks_for_node
+from training.job.node_processes import end_after_error, let_later_end, speaks_for_node
 from training.job.stop_signal import REQUESTS
 from training.job.vector_math import settle_vector_math
 from training.private_api import LIGHTNING_2_5, ckpt_path_read_as_lightning_2_6
@@ -151,7 +152,8 @@ def main(args: list[str] | None = None, cli: type[CLI] = CLI) -> CLI:
     except BrokenPipeError:
         stop(CLOSED_OUTPUT, closed=True)
     except Exception as error:
-        if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback
+        if (paragraph := refused_setting(error)) is None:  # a bug: its whole traceback, then how the job ended
+            atexit.register(end_after_error, getattr(error, "job_stopped", None))
             raise
         stop(paragraph)
 

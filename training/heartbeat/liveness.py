@@ -138,6 +138,8 @@ class Liveness(Verdicts):
         # The launcher keeps each node's output in a log file (scripts/run_ddp_train.sh): the others name it.
         self.state = {"state": "failed", "error": why_stopped.one_line(error), "log": os.environ.get("DDP_NODE_LOG")}
         self._publish()
+        # Said after the traceback by the process the user started, once the node's others ended (cli.py).
+        error.job_stopped = why_stopped.own_error(self.me, why_stopped.one_line(error), self._tail(None))
 
     def stop_job(self, paragraph: str, only_here: bool = False) -> None:
         """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it.

@@ -98,6 +98,14 @@ def peer_failed(beat: dict[str, Any], error: str, tail: str) -> str:
     )
 
 
+def own_error(me: dict[str, Any], error: str, tail: str) -> str:
+    """What the process the user started says after its own error's traceback, once the node's others ended."""
+    return (
+        f"the job stopped: {who(me)} stopped with the error above ({error}); the rest of the job stopped with it. "
+        f"{tail}"
+    )
+
+
 def process_ended(what: str, tail: str) -> str:
     """``what``: a process of this node that ended, and how (training/job/node_processes.py)."""
     return f"the job stopped: {what}, and the rest of the job stopped with it. {tail}"

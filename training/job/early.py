@@ -17,11 +17,17 @@ def own_local_rank() -> int:
 
 def stopped_while_starting(signum: int, frame: object) -> None:
     if own_local_rank() == 0:  # the first process of a node speaks for it
+        subcommand = sys.argv[1] if sys.argv[1:2] in (["validate"], ["test"], ["predict"]) else None
+        before = (
+            f"before its {subcommand} ran: nothing was written. Run the same command again to start the {subcommand}."
+            if subcommand
+            else "before training: nothing was trained and no checkpoint was written. Run the same command again to "
+            "start the job."
+        )
         with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) takes no more output
             print(
                 f"\nerror: cli.py on {socket.gethostname()} was stopped by a signal ({signal.Signals(signum).name}) "
-                "while it started, before training: nothing was trained and no checkpoint was written. Run the same "
-                "command again to start the job.",
+                f"while it started, {before}",
                 file=sys.stderr,
             )
     # Not sys.exit: raised at whatever line the import runs, a bare ``except:`` of a library's optional import would

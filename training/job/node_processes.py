@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -132,6 +133,20 @@ def let_later_end(grace: float = GRACE_SECONDS) -> None:
     while later() and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
     end_later()
+
+
+def end_after_error(paragraph: str | None) -> None:
+    """At the exit of the process the user started, after its own error's traceback: end the node's later local
+    ranks, which would wait for it in a collective and outlive the command, then print ``paragraph`` (the job's
+    state, training/heartbeat/why_stopped.py) last."""
+    if starter() is not None:  # another local rank: the process that started it ends the node
+        return
+    end_later()
+    deadline = time.monotonic() + GRACE_SECONDS
+    while later() and time.monotonic() < deadline:  # reaps them: none is left when the command returns
+        time.sleep(POLL_SECONDS / 4)
+    if paragraph:
+        print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
 
 
 def is_frozen(pid: int) -> bool:
