@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import processes_in
+from tests.helpers import copy_project, free_port, launch, processes_in
 from tests.helpers.one_node import last_paragraph, start
 
 pytestmark = pytest.mark.distributed
@@ -112,3 +112,34 @@ def test_the_same_predict_runs_to_its_end_once_the_storage_is_back(stalled):
     assert again["status"] == 0, again["output"]
     (predictions,) = (stalled["workdir"] / "logs").rglob("predictions.pt")
     assert len(torch.load(predictions, weights_only=True)) == 64  # every held-out sample, once
+
+
+def test_a_collective_timeout_names_the_rank_stalled_in_validation_on_both_nodes_and_it_blames_nobody(tmp_path):
+    # Two nodes of one process on loopback, as two machines; stall_timeout 0, so the collective timeout (10 s) ends
+    # the wait: global rank 0's collective fails and names rank 1 (node 1), which takes that paragraph as its own
+    # rather than name node 0 as lost once its store is gone. The main thread reads: the 20th read is in epoch 0.
+    project = copy_project(tmp_path / "project")
+    stall = project / "stall"
+    stall.touch()
+    args = [*STALLING, f"--data.init_args.stall_file={stall}", "--data.init_args.num_workers=0"]
+    args += ["--trainer.strategy.init_args.timeout=0:00:10", "--trainer.strategy.init_args.stall_timeout=0:00:00"]
+    settings = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NUM_NODES": "2"}
+    launchers = [launch(project, "cpu:1", rank, *args, **settings) for rank in (0, 1)]
+    try:
+        outputs = [launcher.communicate(timeout=300)[0] for launcher in launchers]
+    finally:
+        stall.unlink()
+    assert [launcher.returncode for launcher in launchers] == [1, 1], outputs
+    for node in (0, 1):
+        log = (project / "logs" / "nodes" / f"node{node}.log").read_text()
+        paragraphs = [line for line in log.splitlines() if line.startswith("error: ")]
+        assert len(paragraphs) == 1 and "the job lost" not in log, log
+        assert re.search(
+            r"^error: the job stopped: rank 1 \(local rank 0, pid \d+\) of node 1 \(.*\) made no progress in "
+            r"validation for \d+ s \(at epoch 0, step 16\), longer than the collective timeout \(0:00:10\), while "
+            rf"the other processes waited for it in a collective\. Its main thread was in {IN_READS}; every",
+            paragraphs[0],
+        ), paragraphs[0]
+        assert "if such waits are expected, raise trainer.strategy.init_args.timeout" in paragraphs[0]
+        assert "run the same command on every node again (only the node rank differs)" in paragraphs[0]
+    assert processes_in(project) == []

@@ -127,9 +127,10 @@ class HeldOutSamples(FileSamples):
         stall_file: str = "",
         stall_rank: int = 0,
         stall_at: int = 40,
+        corrupt_at: int = 0,
         num_held_out: int = 64,
     ) -> None:
-        super().__init__(num_samples, batch_size, num_workers, stall_file, stall_rank, stall_at)
+        super().__init__(num_samples, batch_size, num_workers, stall_file, stall_rank, stall_at, corrupt_at)
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
