@@ -3,6 +3,8 @@ run's config record describes the training that wrote last.ckpt, and the code di
 
 import importlib
 import importlib.util
+import re
+import warnings
 
 import pytest
 import torch
@@ -85,8 +87,17 @@ def test_a_checkpoint_holding_a_numpy_array_is_named_with_the_type_and_the_fixes
         "--trainer.limit_val_batches=1",
     ]
     args += ["--trainer.limit_train_batches=2"]
-    run_cli(*args, "--trainer.max_epochs=1")
+    with pytest.warns(UserWarning) as warned:  # at the first save, in the background writer's thread
+        run_cli(*args, "--trainer.max_epochs=1")
     last = tmp_path / "logs" / "numpy_statistics" / "default" / "checkpoints" / "last.ckpt"
+    (told,) = [str(warning.message) for warning in warned if "the checkpoint just saved" in str(warning.message)]
+    assert re.fullmatch(
+        rf"the checkpoint just saved, {tmp_path}/logs/numpy_statistics/default/checkpoints/\S+\.ckpt, holds an object "
+        r"of type numpy\.ndarray under checkpoint\['target_mean'\] \(pickled as "
+        r"numpy\._core\.multiarray\._reconstruct\), which the run cannot load back the way it loads checkpoints, "
+        r"torch\.load\(weights_only=True\) .* or set weights_only: false, which unpickles whatever a file holds\.",
+        told,
+    ), told
     saved = last.read_bytes()
     capsys.readouterr()
     err = fails(run_cli, capsys, *args, "--trainer.max_epochs=2")
@@ -99,8 +110,11 @@ def test_a_checkpoint_holding_a_numpy_array_is_named_with_the_type_and_the_fixes
     assert "torch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct])" in paragraph
     assert "--weights_only=false" in paragraph and "\x1b" not in err and "Give another checkpoint" not in paragraph
     assert last.read_bytes() == saved
-    resumed = run_cli(*args, "--trainer.max_epochs=2", "--weights_only=false")  # the fix for a file one trusts
+    with warnings.catch_warnings(record=True) as after:
+        warnings.simplefilter("always")
+        resumed = run_cli(*args, "--trainer.max_epochs=2", "--weights_only=false")  # the fix for a file one trusts
     assert resumed.trainer.global_step == 4
+    assert not [warning for warning in after if "the checkpoint just saved" in str(warning.message)]
 
 
 def test_an_evaluation_of_another_models_checkpoint_speaks_of_evaluating_not_resuming():

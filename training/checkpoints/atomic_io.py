@@ -15,9 +15,10 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from training.checkpoints.contents import size_text
+from training.checkpoints.contents import size_text, unloadable
 from training.run.storage import parent
 
 
@@ -49,13 +50,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     best checkpoint deleted that file once it saved a better one, and with ``monitor=None`` a run started from
     another run's checkpoint deleted that one at its first save.
 
+    The first checkpoint a process writes to a local disk is loaded back as the run loads checkpoints: where
+    ``torch.load(weights_only=True)`` refuses an object in it (a numpy array a module keeps), a warning names the
+    object's type, where it sits and the fixes at once, not when a resume, hours later, cannot read any of them.
+
     Args:
         background: write checkpoints in a background thread.
+        weights_only: how the run loads checkpoints (the config's top-level ``weights_only``; None: torch's
+            default, True); False: the first checkpoint is not loaded back.
     """
 
-    def __init__(self, background: bool = False) -> None:
+    def __init__(self, background: bool = False, weights_only: bool | None = None) -> None:
         super().__init__()
         self.background = background
+        self.unchecked = weights_only is not False
         self.loaded: str | None = None
         self.saving_into: str | None = None
         self.executor: ThreadPoolExecutor | None = None
@@ -115,6 +123,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(directory)  # make the rename itself survive a crash
         finally:
             os.close(directory)
+        if self.unchecked:
+            self.unchecked = False
+            if problem := unloadable(checkpoint, target):
+                rank_zero_warn(problem)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         if self.background:

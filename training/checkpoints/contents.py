@@ -5,7 +5,9 @@ import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -46,6 +48,53 @@ def unsafe_object(path: str | Path, name: str, cause: str) -> str:
         f"torch.serialization.add_safe_globals([{name}]) where the module is defined, or --weights_only=false, which "
         "unpickles whatever the file holds."
     )
+
+
+def unloadable(checkpoint: dict[str, Any], path: Path) -> str | None:
+    """The paragraph for ``checkpoint``, just written to ``path``, where torch.load(weights_only=True) refuses an
+    object in it, as the run's resume will; None where it loads. Tensors stay in the file (mmap): only its structure
+    is read."""
+    try:
+        torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return None
+    except pickle.UnpicklingError as error:
+        if not (refused := REFUSED.search(str(error))):
+            raise
+    where, value = held_object(checkpoint, refused[2])
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return (
+        f"the checkpoint just saved, {shown(path)}, holds an object of type {kind} under {where} (pickled as "
+        f"{refused[2]}), which the run cannot load back the way it loads checkpoints, torch.load(weights_only=True) "
+        "(the config's weights_only): resuming this run, a requeue after preemption, and validate, test or predict "
+        "from its checkpoints would stop there. Store tensors and plain types in the checkpoint instead "
+        "(torch.from_numpy for an array, in the module's on_save_checkpoint, and back in on_load_checkpoint); or, for "
+        "files you trust, allow the type with torch.serialization.add_safe_globals where the module is defined, or "
+        "set weights_only: false, which unpickles whatever a file holds."
+    )
+
+
+def held_object(checkpoint: dict[str, Any], name: str) -> tuple[str, Any]:
+    """Where in ``checkpoint`` an object pickled through ``name`` (a global of its package) is, and the object: the
+    first value that is neither a tensor, a plain type nor a container of them, of that package if one is."""
+    found = list(odd_values(checkpoint, "checkpoint"))
+    package = name.split(".")[0]
+    return next((item for item in found if type(item[1]).__module__.split(".")[0] == package), found[0])
+
+
+# What a checkpoint holds besides containers, that torch.load(weights_only=True) takes.
+PLAIN = (torch.Tensor, torch.Size, torch.dtype, torch.device, str, bytes, int, float)
+
+
+def odd_values(value: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """Every value in ``value`` (at ``where``) that is neither a plain container, a tensor nor a plain type."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from odd_values(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple | set) and type(value) in (list, tuple, set):
+        for index, item in enumerate(value):
+            yield from odd_values(item, f"{where}[{index}]")
+    elif value is not None and not isinstance(value, PLAIN):
+        yield where, value
 
 
 def damage(path: str | Path) -> str | None:
