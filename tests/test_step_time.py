@@ -14,7 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, copy_project, finish, launch, needs_gpus, run_script
-from training.step_time.callback import samples_in
+from training.step_time.callback import StepTime, samples_in
 from training.step_time.clocks import CpuClock, GradientsReady, Step
 from training.step_time.figures import Node, SlowNodeWatch, paragraph, per_node, summary
 
@@ -175,8 +175,8 @@ def test_a_steps_samples_are_the_length_of_its_batchs_first_tensor(batch, sample
 
 
 def test_per_node_figures_are_the_mean_of_their_processes():
-    # steps, samples, data, compute, collective (ms summed over the steps)
-    rows = [[2, 128, 2.0, 20.0, 4.0], [2, 128, 6.0, 24.0, 0.0], [4, 256, 400.0, 40.0, 0.0], [0, 0, 0.0, 0.0, 0.0]]
+    # steps, samples, data, compute, collective (ms summed over the steps), steps left out
+    rows = [[2, 128, 2.0, 20.0, 4.0, 0], [2, 128, 6.0, 24.0, 0.0, 1], [4, 256, 400.0, 40.0, 0.0, 0], [0] * 6]
     figures = per_node(rows, [0, 0, 1, 2])
     assert list(figures) == [0, 1]  # node 2 measured no step
     assert figures[0] == pytest.approx(
@@ -238,7 +238,7 @@ def test_one_node_alone_has_nobody_to_be_slower_than():
 
 def test_the_summary_gives_the_job_and_process_rates_and_the_shares_of_a_step():
     # Each process: 10 steps of 64 samples, 100 ms each (10 data, 60 compute, 30 collective).
-    rows = [[10, 640, 100.0, 600.0, 300.0], [10, 640, 100.0, 600.0, 300.0]]
+    rows = [[10, 640, 100.0, 600.0, 300.0, 0], [10, 640, 100.0, 600.0, 300.0, 0]]
     text = summary(rows, [0, 1], {0: Node(0, "a", "10.0.0.1"), 1: Node(1, "b", "10.0.0.2")}, True)
     assert text.splitlines() == [
         "Scaling summary: 2 processes on 2 nodes trained 1,280.0 samples/s, 640.0 per process; of a 100.0 ms step, "
@@ -247,6 +247,25 @@ def test_the_summary_gives_the_job_and_process_rates_and_the_shares_of_a_step():
         "  node 0 (a, 10.0.0.1): 10.0 ms data, 60.0 ms compute, 30.0 ms collectives per step",
         "  node 1 (b, 10.0.0.2): 10.0 ms data, 60.0 ms compute, 30.0 ms collectives per step",
     ]
+
+
+def test_steps_that_compile_or_warm_up_are_left_out_of_every_figure_and_the_summary_says_how_many():
+    # Steps of 1 ms data and 4 ms computation (CPU clock stamps, in seconds), but for two that compile: the second
+    # (the backward pass compiling) and one at a new shape (a short last batch), 80 and 400 times that.
+    computes = [4, 320, 4, 4, 4, 4, 1600, 4, 4]
+    callback, now = StepTime(), 0.0
+    for compute in computes:
+        callback.pending.append(Step(now, now + 0.001, now + 0.001 + compute / 1e3, None, None, 64))
+        now += 0.001 + compute / 1e3
+    callback.settle(wait=True)
+    assert callback.total == pytest.approx([7, 7 * 64, 7.0, 28.0, 0.0, 2])
+    rows = [callback.total]
+    text = summary(rows, [0], {0: Node(0, "a", "10.0.0.1")}, True)
+    assert "of a 5.0 ms step, 20% went to waiting for data" in text
+    assert text.splitlines()[0].endswith(
+        "Left out: 2 steps whose computation took over 10 times the median step's (compilation by torch.compile, "
+        "warm-up)."
+    )
 
 
 def test_one_process_logs_its_figures_beside_the_training_loss_and_ends_with_a_summary(run_cli, tmp_path, capsys):

@@ -2,7 +2,9 @@
 back."""
 
 import socket
+import statistics
 import sys
+from collections import deque
 from typing import Any
 
 import torch
@@ -15,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from training.heartbeat.liveness import address_towards
 from training.private_api import logging_step
 from training.step_time.clocks import Clock, CpuClock, CudaClock, GradientsReady, Step
-from training.step_time.figures import FIELDS, PARTS, Node, SlowNodeWatch, paragraph, per_node, summary
+from training.step_time.figures import COMPILING, FIELDS, PARTS, Node, SlowNodeWatch, paragraph, per_node, summary
 
 
 class StepTime(Callback):
@@ -66,11 +68,13 @@ class StepTime(Callback):
         self.started: Any = None
         self.previous_end: Any = None
         self.batches = 0
+        self.recent: deque[float] = deque(maxlen=64)  # the computation of the latest steps counted, in ms
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.clock = CudaClock() if pl_module.device.type == "cuda" else CpuClock()
         self.watch = SlowNodeWatch(self.window, self.slower_by, self.min_share, self.min_ms)
         self.pending, self.previous_end, self.batches, self.backward_end = [], None, 0, None
+        self.recent.clear()
         self.interval, self.total = [0.0] * len(FIELDS), [0.0] * len(FIELDS)
         if self.collectives is not None:
             self.collectives.remove()
@@ -130,9 +134,21 @@ class StepTime(Callback):
                 if step.done is not None:
                     self.clock.settle(step.done)
             parts = step.parts(self.clock)
+            measured = (1, step.samples, *(parts[part] for part in PARTS), 0)
+            counted = (0, 0, 0, 0, 0, 1) if self.compiling(parts["compute"]) else measured
             for sums in (self.interval, self.total):
-                for index, value in enumerate((1, step.samples, *(parts[part] for part in PARTS))):
+                for index, value in enumerate(counted):
                     sums[index] += value
+
+    def compiling(self, compute: float) -> bool:
+        """Whether a step's computation (ms) took over COMPILING times the median of the steps before it (the least,
+        of the first few): a step that compiled or warmed up, which every figure leaves out (the summary says how
+        many). The first step of an epoch, where a module compiles first, is no measured step."""
+        typical = statistics.median(self.recent) if len(self.recent) >= 3 else min(self.recent, default=None)
+        if typical is not None and compute > COMPILING * typical:
+            return True
+        self.recent.append(compute)
+        return False
 
     def exchange(self, trainer: Trainer, pl_module: LightningModule) -> None:
         rows = self.gather(self.interval, pl_module.device)
@@ -141,7 +157,8 @@ class StepTime(Callback):
         if not figures:  # an interval of first batches of an epoch: nothing measured
             return
         metrics = {f"timing/node{n}/{k}_ms": f[k] for n, f in figures.items() for k in (*PARTS, "step")}
-        metrics["timing/samples_per_s"] = sum(row[1] / sum(row[2:]) * 1e3 for row in rows if sum(row[2:]) > 0)
+        busy = [sum(row[FIELDS.index(part)] for part in PARTS) for row in rows]
+        metrics["timing/samples_per_s"] = sum(row[1] / ms * 1e3 for row, ms in zip(rows, busy, strict=True) if ms > 0)
         # At the step Lightning writes the batch's own metrics with, to every logger, from global rank 0; not through
         # self.log, which costs a fifth of a millisecond a value.
         if trainer.is_global_zero:

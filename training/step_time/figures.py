@@ -6,8 +6,11 @@ from collections import deque
 from dataclasses import dataclass
 
 PARTS = ("data", "compute", "collective")
-# What each process sums over the steps it measured; the parts in milliseconds.
-FIELDS = ("steps", "samples", *PARTS)
+# What each process sums over the steps it measured, the parts in milliseconds; and the steps it left out.
+FIELDS = ("steps", "samples", *PARTS, "left_out")
+# A step whose computation takes this many times the median of the steps before it compiles (torch.compile, a new
+# shape that makes it compile again) or warms up (autotuning, first allocations): the figures leave it out.
+COMPILING = 10
 
 CAUSES = {
     "data": (
@@ -146,13 +149,21 @@ def summary(rows: list[list[float]], nodes: list[int], where: dict[int, Node], c
     step = statistics.fmean(1e3 * s / m["steps"] for m, s in zip(measured, seconds, strict=True))
     job = sum(rates)
     count = len(set(nodes))
+    left_out = round(sum(row[FIELDS.index("left_out")] for row in rows))
+    left = (
+        f" Left out: {left_out} step{'s' if left_out > 1 else ''} whose computation took over {COMPILING} times the "
+        "median step's (compilation by torch.compile, warm-up)."
+        if left_out
+        else ""
+    )
     lines = [
         f"Scaling summary: {len(rows)} process{'es' if len(rows) > 1 else ''} on {count} node{'s' if count > 1 else ''}"
         f" trained {job:,.1f} samples/s, {statistics.fmean(rates):,.1f} per process; of a {step:.1f} ms step, "
         f"{100 * share['data']:.0f}% went to waiting for data, {100 * share['collective']:.0f}% to waiting in "
         f"collectives and {100 * share['compute']:.0f}% to computing"
         + ("" if collectives_measured else " (collective waits included, not measured apart without DDP)")
-        + f". Without those waits the job would train {job / max(share['compute'], 1e-9):,.1f} samples/s.",
+        + f". Without those waits the job would train {job / max(share['compute'], 1e-9):,.1f} samples/s."
+        + left,
     ]
     for node, figures in per_node(rows, nodes).items():
         lines.append(
