@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_everything_stopped, copy_project, free_port, launcher_env, wait_for_hold
-from tests.test_everyday_stops import (
+from tests.helpers.one_node import (
     HANGUP_STEP,
     INTERRUPT_STEP,
     RUN,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers import copy_project, fill, free_port, launch, tmpfs, wait_for_hold
-from tests.test_everyday_stops import held_at
+from tests.helpers.one_node import held_at
 
 pytestmark = pytest.mark.distributed
 

@@ -7,8 +7,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers.one_node import last_paragraph, start, traces
-from tests.test_everyday_stops import ended
+from tests.helpers.one_node import ended, last_paragraph, start, traces
 from training.run.out_of_memory import out_of_memory
 
 TOO_LONG = ["--model=tests.zoo.AttentionRegressor", "--data=tests.zoo.Sequences", "--data.init_args.seq_len=400000"]

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from tests.helpers import copy_project, fill, free_port, launch, tmpfs, wait_for_hold
-from tests.helpers.one_node import last_paragraph, start, traces
-from tests.test_everyday_stops import ended, held_at
+from tests.helpers.one_node import ended, held_at, last_paragraph, start, traces
 
 pytestmark = pytest.mark.distributed
 

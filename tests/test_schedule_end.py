@@ -4,8 +4,7 @@ anyway stops with one paragraph instead of OneCycleLR's ValueError traceback fro
 
 import pytest
 
-from tests.helpers.one_node import last_paragraph, start, traces
-from tests.test_everyday_stops import ended
+from tests.helpers.one_node import ended, last_paragraph, start, traces
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,7 @@ import signal
 import pytest
 import torch
 
-from tests.helpers.one_node import start, traces
-from tests.test_everyday_stops import PACE, ended, signalled_at, stop_line
+from tests.helpers.one_node import PACE, ended, signalled_at, start, stop_line, traces
 
 pytestmark = pytest.mark.distributed
 
