@@ -12,12 +12,15 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 
 from tests.helpers import processes_in, wait_for_hold
 from tests.helpers.one_node import gone, last_paragraph, local_ranks, start, traces, wait_gone
+from training.job.startup import Stopped
 from training.job.stop_signal import StopRequests
 
 pytestmark = pytest.mark.distributed
@@ -325,6 +328,22 @@ def test_a_ctrl_c_once_training_has_ended_gets_one_line_and_no_keyboard_interrup
         "Ctrl-C (SIGINT) arrived as training ended: training had finished, and the run ends as it would have. A "
         "second Ctrl-C stops it at once."
     )
+
+
+def test_a_second_signal_while_a_rank_stops_before_training_changes_nothing():
+    # Ctrl-C to the job's process group reaches local rank 1 twice: from the terminal, and from rank 0, which passes it
+    # on; Lightning's teardown gives the handler back in between. Seen in a sweep of Ctrl-C times under load as a
+    # KeyboardInterrupt traceback in the middle of rank 1's stop.
+    requests = StopRequests()
+    launcher = SimpleNamespace(kill=lambda signum: None)
+    requests.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(launcher=launcher), node_rank=0, state=SimpleNamespace(fn=TrainerFn.FITTING)
+    )
+    requests.trainer.interrupted = False
+    with pytest.raises(Stopped):
+        requests.handle(signal.SIGINT, None)
+    requests.trainer.interrupted = True  # Lightning's teardown of the stopped run
+    requests.handle(signal.SIGINT, None)  # raises nothing
 
 
 def test_sigterm_once_the_run_has_ended_ends_the_process_as_without_the_template(tmp_path):

@@ -78,6 +78,7 @@ class StopRequests:
         self.pid = os.getpid()
         self.training = self.ended = False
         self.received: int | None = None  # the most urgent signal while training
+        self.stopping = False  # stopped before training
         self.interrupts = 0
         # Asked now: once the terminal has closed, it is no terminal any more.
         self.on_terminal = any(os.isatty(fd) for fd in (1, 2))
@@ -126,6 +127,8 @@ class StopRequests:
     def handle(self, signum: int, frame: Any) -> None:
         if os.getpid() != self.pid:  # a DataLoader worker forked from this process: its rank stops it
             return
+        if self.stopping:  # a stop before training is under way: a local rank gets a group's signal and rank 0's
+            return
         if signum == signal.SIGHUP and self.on_terminal:
             leave_closed_terminal()
             self.on_terminal = False
@@ -165,8 +168,9 @@ class StopRequests:
         os._exit(EXIT_STATUS[signal.SIGINT])
 
     def stop(self, signum: int) -> None:
-        for taken_signal in not_ignored():  # a second signal is not caught
-            signal.signal(taken_signal, signal.SIG_DFL)
+        # Any later signal changes nothing: Lightning's teardown gives the signals back the handlers they had when
+        # it started, this one's among them, and a second signal then raised in the middle of the stop's own words.
+        self.stopping = True
         launcher = self.trainer.strategy.launcher
         if launcher is not None:  # the processes it started on this node
             launcher.kill(signum)
