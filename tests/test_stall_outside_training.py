@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import copy_project, free_port, launch, processes_in
-from tests.helpers.one_node import last_paragraph, start
+from tests.helpers.one_node import job_processes, last_paragraph, start
 
 pytestmark = pytest.mark.distributed
 
@@ -32,7 +32,7 @@ def run(workdir: Path, *args: str, subcommand: str = "fit") -> dict:
     """What a job of 2 CPU processes left once its first process ended."""
     job = start(workdir, *args, subcommand=subcommand)
     job.wait(timeout=300)
-    return {"status": job.returncode, "output": (workdir / "output").read_text(), "left": processes_in(workdir)}
+    return {"status": job.returncode, "output": (workdir / "output").read_text(), "left": job_processes(workdir)}
 
 
 @pytest.fixture(scope="module")

@@ -135,7 +135,7 @@ def test_a_gan_without_validation_trains_and_keeps_last_ckpt_only(gan):
 def test_validate_without_validation_data_is_refused_in_one_paragraph_as_plain_lightning_cli_refuses_it(gan):
     result = gan["validate"]
     assert result.returncode == 1, job_output(result)
-    assert "Traceback" not in job_output(result)
+    assert "Traceback" not in job_output(result), job_output(result)
     (paragraph,) = re.findall(r"^error: (.*)$", job_output(result), re.MULTILINE)
     assert "to run `Trainer.validate`" in paragraph
     plain = plain_lightning_cli(*GAN)

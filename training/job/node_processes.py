@@ -118,10 +118,14 @@ def later() -> dict[int, int]:
 
 def end_later() -> None:
     """End the node's processes of a later local rank, as this one ends the job: they would only stop later, with no
-    more to say."""
+    more to say. Returns once they are gone (at most GRACE_SECONDS): the command the user started returns after every
+    process of its node."""
     for pid in later().values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + GRACE_SECONDS
+    while later() and time.monotonic() < deadline:  # the process that started them reaps them here
+        time.sleep(POLL_SECONDS / 4)
 
 
 def let_later_end(grace: float = GRACE_SECONDS) -> None:
@@ -142,9 +146,6 @@ def end_after_error(paragraph: str | None) -> None:
     if starter() is not None:  # another local rank: the process that started it ends the node
         return
     end_later()
-    deadline = time.monotonic() + GRACE_SECONDS
-    while later() and time.monotonic() < deadline:  # reaps them: none is left when the command returns
-        time.sleep(POLL_SECONDS / 4)
     if paragraph:
         print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
 
