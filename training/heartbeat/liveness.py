@@ -55,8 +55,9 @@ class Liveness(Verdicts):
             named at once; the end of the one that started this process, once a collective fails or the store
             falls silent (it may also have ended well, a moment before this one).
         activity: this process's progress in training, for its heartbeat (training/heartbeat/stall.py).
-        stall: ``(stall_report, stall_timeout)``: a process that made no progress in training for the first while
-            the others wait for it is named in every node's log; after the second (unless 0) the job stops.
+        stall: ``(stall_report, stall_timeout)``: a process that made no progress (training, validating, testing,
+            predicting) for the first while the others wait for it is named in every node's log; after the second
+            (unless 0) the job stops.
         nodes: how many nodes the job has, for the command that resumes it.
     """
 
@@ -138,8 +139,10 @@ class Liveness(Verdicts):
         # The launcher keeps each node's output in a log file (scripts/run_ddp_train.sh): the others name it.
         self.state = {"state": "failed", "error": why_stopped.one_line(error), "log": os.environ.get("DDP_NODE_LOG")}
         self._publish()
-        # Said after the traceback by the process the user started, once the node's others ended (cli.py).
-        error.job_stopped = why_stopped.own_error(self.me, why_stopped.one_line(error), self._tail(None))
+        # Said after the traceback by the process the user started, once the node's others ended (cli.py); an
+        # exception class with __slots__ takes no attribute, and the traceback alone is said.
+        with contextlib.suppress(AttributeError):
+            error.job_stopped = why_stopped.own_error(self.me, why_stopped.one_line(error), self._tail(None))
 
     def stop_job(self, paragraph: str, only_here: bool = False) -> None:
         """Print ``paragraph`` (once per node) and end the process; the first caller wins, others wait for it.
