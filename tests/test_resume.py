@@ -6,6 +6,7 @@ import importlib.util
 import re
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,7 +14,7 @@ import yaml
 
 from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS
 from training.checkpoints.agreement import given_settings_problem, loads_problem
-from training.checkpoints.contents import counters, size_text
+from training.checkpoints.contents import counters, size_text, unloadable
 from training.checkpoints.resume import checkpoint_problem, start_problem
 from training.job.fingerprint import code_digest, imported_code
 
@@ -115,6 +116,18 @@ def test_a_checkpoint_holding_a_numpy_array_is_named_with_the_type_and_the_fixes
         resumed = run_cli(*args, "--trainer.max_epochs=2", "--weights_only=false")  # the fix for a file one trusts
     assert resumed.trainer.global_step == 4
     assert not [warning for warning in after if "the checkpoint just saved" in str(warning.message)]
+
+
+def test_the_first_save_check_names_only_an_object_weights_only_refuses(tmp_path, monkeypatch):
+    plain = {"state_dict": {"w": torch.zeros(2)}, "epoch": 0, "hyper_parameters": {"lr": 0.1, "sizes": [8, 8]}}
+    torch.save(plain, tmp_path / "plain.ckpt")
+    assert unloadable(plain, tmp_path / "plain.ckpt") is None
+    odd = {**plain, "callbacks": {"Scaler": {"mean": np.zeros(3)}}}
+    torch.save(odd, tmp_path / "odd.ckpt")
+    told = unloadable(odd, tmp_path / "odd.ckpt")
+    assert "holds an object of type numpy.ndarray under checkpoint['callbacks']['Scaler']['mean']" in told, told
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: (_ for _ in ()).throw(OSError("no mmap here")))
+    assert unloadable(odd, tmp_path / "odd.ckpt") is None  # a check that cannot run says nothing; saving goes on
 
 
 def test_an_evaluation_of_another_models_checkpoint_speaks_of_evaluating_not_resuming():
