@@ -123,8 +123,14 @@ def end_later() -> None:
     for pid in later().values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + GRACE_SECONDS
-    while later() and time.monotonic() < deadline:  # the process that started them reaps them here
+    wait_for_later(GRACE_SECONDS)
+
+
+def wait_for_later(seconds: float) -> None:
+    """Wait up to ``seconds`` until the node's later local ranks are gone (the process that started them reaps them
+    here)."""
+    deadline = time.monotonic() + seconds
+    while later() and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS / 4)
 
 
@@ -133,9 +139,7 @@ def let_later_end(grace: float = GRACE_SECONDS) -> None:
     refuses in every process, the end of the process that started them): wait up to ``grace`` seconds for the node's
     later local ranks to end first, silent while this one runs (``speaks_for_node``), then end any still running, so
     that the paragraph is printed once."""
-    deadline = time.monotonic() + grace
-    while later() and time.monotonic() < deadline:
-        time.sleep(POLL_SECONDS)
+    wait_for_later(grace)
     end_later()
 
 
