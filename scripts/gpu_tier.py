@@ -1,25 +1,31 @@
 """The whole GPU check, for a GPU machine without internet, in one command or in parts: the GPU tier of the tests
-(tier), the main command (main) and the GPU benchmark's short mode (bench), then a summary to paste into a note.
+in two halves (tier: training; tools: the doctor and the benchmarks), the main command (main) and the GPU benchmark's
+short mode (bench), then a summary to paste into a note.
 
     python -m scripts.gpu_tier WHEELS_DIR               # every part; WHEELS_DIR: wheels of what the machine lacks
-    python -m scripts.gpu_tier WHEELS_DIR --only tier   # the GPU tier: not timed on an H100 yet
-    python -m scripts.gpu_tier WHEELS_DIR --only main   # the main command: not timed on a GPU yet
+    python -m scripts.gpu_tier WHEELS_DIR --only tier   # the tier's training tests: about 2.5 minutes on one H200
+    python -m scripts.gpu_tier WHEELS_DIR --only tools  # the doctor's and the benchmarks' GPU tests
+    python -m scripts.gpu_tier WHEELS_DIR --only main   # the main command: 19 s on one H200
     python -m scripts.gpu_tier WHEELS_DIR --only bench  # 5 rounds in about 5 minutes on one H100
     python -m scripts.gpu_tier WHEELS_DIR --dry-run     # what it would install and run; needs no GPU
 
 Where a command's time is limited (a lent GPU machine's), run the parts one command each, tier first: it checks what
-the other two rely on (training with NCCL, the benchmark's sides) and names what fails, so a broken machine spends no
-5 minutes on the benchmark. --only repeats (--only tier --only main); the parts run in the order above. Every
-summary names the steps it did not run, so the summaries of several calls pasted together are unambiguous.
+the others rely on (training with NCCL) and names what fails, so a broken machine spends no 5 minutes on the
+benchmark. --only repeats (--only tier --only main); the parts run in the order above. Every summary names the steps
+it did not run, so the summaries of several calls pasted together are unambiguous. Each step's log in --out gives
+every line the seconds since the step began, so a step cut off by a time limit still shows where its time went.
 
 torch, Lightning and the rest that the machine has are used as installed (a GPU image's torch is its CUDA build);
-every wheel in WHEELS_DIR of a project this Python lacks, less those pinned only for parts not run, goes into a
-throwaway directory with pip --no-index --no-deps, which the steps get on their PYTHONPATH. Each step's whole output
+every wheel in WHEELS_DIR of a project this Python lacks, less those pinned only for parts not run, is installed into
+this Python with pip --no-index --no-deps (a project it has is never replaced): the tests and the benchmark start
+processes of their own with the repo alone on PYTHONPATH, so a directory of wheels on it would not reach them, and
+these are the packages the template needs in this Python anyway. Each step's whole output
 goes to --out (default: /tmp/gpu-tier-<time>). Exit status 0 when every step run passed, 1 when one failed, 2 when
 it could not start.
 """
 
 import argparse
+import importlib
 import importlib.metadata
 import os
 import re
@@ -33,13 +39,25 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = {"tier": "GPU tier", "main": "main command", "bench": "benchmark"}
+PARTS = {
+    "tier": "GPU tier, training",
+    "tools": "GPU tier, doctor and benchmarks",
+    "main": "main command",
+    "bench": "benchmark",
+}
+# The GPU tier's test files (every file with a test marked by tests.helpers.needs_gpus), in the two halves that each
+# fit one command: the whole tier took about 8.5 minutes on one H200.
+TIER_FILES = {
+    "tier": ("test_gpu.py", "test_fsdp.py", "test_seq2seq_model.py", "test_rng.py", "test_step_time.py"),
+    "tools": ("test_doctor.py", "test_bench.py", "test_gpu_defaults.py"),
+}
 # What each part imports: the template's pins; matplotlib for the tests' and the benchmark's charts, not for the
 # main command, which runs as requirements.txt installs it (torchmetrics imports matplotlib in every rank where it
 # is importable); and, for the tier, pytest with the plugins that pyproject.toml's options name (TEST_PINS, the only
 # pins of requirements-dev.txt it needs).
 PIN_FILES = {
     "tier": ("requirements.txt", "requirements-charts.txt", "requirements-dev.txt"),
+    "tools": ("requirements.txt", "requirements-charts.txt", "requirements-dev.txt"),
     "main": ("requirements.txt",),
     "bench": ("requirements.txt", "requirements-charts.txt"),
 }
@@ -102,8 +120,9 @@ def steps(out: Path, gpus: int, parts: list[str]) -> dict[str, tuple[list[str], 
     python = sys.executable
     run = {"RUN_ID": f"gpu-tier-{int(time.time())}", "MASTER_PORT": str(free_port()), "LOG_DIR": str(out / "nodes")}
     bench = [python, "-m", "benchmarks.bench", "--short", "--accelerator", "gpu", "--out", str(out / "bench")]
+    tier = [python, "-m", "pytest", "-m", "gpu", "-n", "0", "-v", "-rA", "-p", "no:cacheprovider"]
     every = {
-        "tier": ([python, "-m", "pytest", "-m", "gpu", "-n", "0", "-rA", "-p", "no:cacheprovider"], {}),
+        **{half: ([*tier, *(f"tests/{name}" for name in files)], {}) for half, files in TIER_FILES.items()},
         "main": (["./scripts/run_ddp_train.sh", ",".join(map(str, range(gpus))), "0"], run),
         "bench": (bench, {}),
     }
@@ -111,10 +130,12 @@ def steps(out: Path, gpus: int, parts: list[str]) -> dict[str, tuple[list[str], 
 
 
 def run_step(name: str, command: list[str], env: dict[str, str], out: Path) -> tuple[int, str, float]:
-    """Run ``command``, its output shown and written to ``out``; its status, output and seconds."""
+    """Run ``command``, its output shown and written to ``out`` with the seconds since it began on every line; its
+    status, output and seconds."""
     print(f"==== {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()
-    log = out / f"{name.replace(' ', '_')}.log"
+    log = out / f"{re.sub(r'[^a-z]+', '_', name.lower())}.log"
+    lines = []
     with (
         log.open("w") as file,
         subprocess.Popen(
@@ -123,8 +144,10 @@ def run_step(name: str, command: list[str], env: dict[str, str], out: Path) -> t
     ):
         for line in process.stdout:
             print(line, end="", flush=True)
-            file.write(line)
-    return process.returncode, log.read_text(), time.monotonic() - started
+            file.write(f"{time.monotonic() - started:5.0f} s | {line}")
+            file.flush()
+            lines.append(line)
+    return process.returncode, "".join(lines), time.monotonic() - started
 
 
 def test_counts(output: str) -> str:
@@ -159,7 +182,7 @@ def step_lines(results: dict[str, tuple[int, str, float]]) -> list[str]:
             lines.append(f"{name}: not run in this call")
             continue
         status, output, seconds = results[part]
-        if part == "tier":
+        if part in TIER_FILES:
             failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
             lines += [f"{name}: {test_counts(output)} ({seconds:.0f} s)", *(f"  {line}" for line in failed)]
             continue
@@ -204,8 +227,7 @@ def main() -> int:
             f"{'it' if len(missing) == 1 else 'them'}: {fill}, with these pins too."
         )
     out = options.out or Path(tempfile.gettempdir()) / f"gpu-tier-{int(time.time())}"
-    target = out / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--target", str(target)]
+    install = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps"]
     install += [str(wheel) for wheel in wheels]
     if options.dry_run:
         print(f"would install: {' '.join(install) if wheels else 'nothing, every wheel is installed already'}")
@@ -220,8 +242,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     if wheels and subprocess.run(install).returncode != 0:
         refuse(f"pip could not install the wheels of {options.wheels} (above); nothing was run.")
-    sys.path.insert(0, str(target))
-    path = os.pathsep.join(filter(None, [str(target), str(REPO), os.environ.get("PYTHONPATH")]))
+    importlib.invalidate_caches()  # what pip just installed, for machine()'s imports
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "PYTHON": sys.executable}
     results = {
         part: run_step(PARTS[part], command, env | settings, out)

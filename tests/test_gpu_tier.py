@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from scripts import gpu_tier
+from tests.helpers import REPO
 
 FILL = "fill it as DEVELOPERS.md says (A GPU machine without internet), on a machine with internet"
 
@@ -59,17 +60,31 @@ def test_the_dry_run_installs_only_what_this_python_lacks_and_names_every_step(m
     folder = wheels(tmp_path / "wheels", *carried, "six-1.17.0-py2.py3-none-any.whl")
     status, out, err = run(monkeypatch, capsys, str(folder), "--dry-run", "--out", str(tmp_path / "out"))
     assert (status, err) == (0, "")
-    install, tier, main, bench = out.splitlines()
-    target = tmp_path / "out" / "site"
+    install, tier, tools, main, bench = out.splitlines()
     assert install == (
-        f"would install: {sys.executable} -m pip install --no-index --no-deps --target {target} "
+        f"would install: {sys.executable} -m pip install --no-index --no-deps "
         f"{folder / carried[1]} {folder / carried[0]}"
     )
-    assert tier == f"would run (GPU tier): {sys.executable} -m pytest -m gpu -n 0 -rA -p no:cacheprovider"
+    pytest_gpu = f"{sys.executable} -m pytest -m gpu -n 0 -v -rA -p no:cacheprovider"
+    assert tier == f"would run (GPU tier, training): {pytest_gpu} {' '.join(halves()['tier'])}"
+    assert tools == f"would run (GPU tier, doctor and benchmarks): {pytest_gpu} {' '.join(halves()['tools'])}"
     assert main.startswith("would run (main command): RUN_ID=gpu-tier-")
     assert main.endswith(f"LOG_DIR={tmp_path / 'out' / 'nodes'} ./scripts/run_ddp_train.sh 0 0")
     assert bench.endswith(f"-m benchmarks.bench --short --accelerator gpu --out {tmp_path / 'out' / 'bench'}")
     assert not (tmp_path / "out").exists(), "the dry run wrote something"
+
+
+def halves() -> dict[str, list[str]]:
+    return {half: [f"tests/{name}" for name in files] for half, files in gpu_tier.TIER_FILES.items()}
+
+
+def test_the_two_halves_of_the_tier_hold_every_gpu_test_file_once():
+    marked = sorted(
+        str(path.relative_to(REPO))
+        for path in REPO.glob("tests/*.py")
+        if re.search(r"^@needs_gpus\(", path.read_text(), re.M)
+    )
+    assert sorted(halves()["tier"] + halves()["tools"]) == marked
 
 
 def planned(out: str) -> tuple[list[str], list[str]]:
@@ -118,10 +133,13 @@ def test_a_part_it_does_not_know_stops_it_naming_the_parts_it_does(monkeypatch, 
 def test_the_summary_says_which_steps_this_call_did_not_run():
     failed = "FAILED tests/test_gpu.py::test_resume - AssertionError"
     tier = f"{failed}\n== 1 failed, 9 passed in 200.40s ==\n"
+    tools = "== 3 passed in 100.00s ==\n"
     took = "short mode: took 290 s from start to end, within its budget of 300 s"
-    assert gpu_tier.step_lines({"tier": (1, tier, 200.4), "bench": (0, f"x\n{took}\n", 291.2)}) == [
-        "GPU tier: 9 passed, 1 failed, 0 errors, 0 skipped (200 s)",
+    results = {"tier": (1, tier, 200.4), "tools": (0, tools, 100.2), "bench": (0, f"x\n{took}\n", 291.2)}
+    assert gpu_tier.step_lines(results) == [
+        "GPU tier, training: 9 passed, 1 failed, 0 errors, 0 skipped (200 s)",
         f"  {failed}",
+        "GPU tier, doctor and benchmarks: 3 passed, 0 failed, 0 errors, 0 skipped (100 s)",
         "main command: not run in this call",
         "benchmark: ok (291 s)",
         f"  {took}",
@@ -169,3 +187,12 @@ def test_the_summary_keeps_the_benchmarks_goal_ratios_headlines_and_warning_over
     )
     lines = output.splitlines()
     assert gpu_tier.bench_headlines(output) == [lines[1].strip(), *lines[3:]]
+
+
+def test_a_steps_log_gives_every_line_its_seconds_and_the_summary_reads_the_plain_output(tmp_path, capsys):
+    command = [sys.executable, "-c", "print('collected 2 items'); print('== 2 passed in 1.00s ==')"]
+    status, output, _ = gpu_tier.run_step("GPU tier, training", command, {}, tmp_path)
+    assert (status, output) == (0, "collected 2 items\n== 2 passed in 1.00s ==\n")
+    assert capsys.readouterr().out.endswith(output)
+    logged = (tmp_path / "gpu_tier_training.log").read_text().splitlines()
+    assert [re.fullmatch(r"\s*\d+ s \| (.*)", line)[1] for line in logged] == output.splitlines()
