@@ -7,11 +7,13 @@ optimizer and scheduler and its network (lightning-hydra-template's MNIST module
 saturates (a plateau), one whose learning rate explodes after its first epoch, samples read one at a time by
 DataLoader workers from storage that can hang (in training, or in validation and prediction), a stream without a
 length read from shards that ``prepare_data`` writes, an attention layer whose memory grows with the square of its
-sequences' length, and a regressor that compiles its network with torch.compile when asked, and one that keeps numpy
-statistics in its checkpoints.
+sequences' length, a regressor that compiles its network with torch.compile when asked, one that keeps numpy
+statistics in its checkpoints, and an evaluation that computes its figures with self.log, torchmetrics and
+self.all_gather at the epoch's end.
 """
 
 import contextlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -23,7 +25,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 
@@ -520,3 +522,52 @@ class NumpyStatistics(MaybeCompiled):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.target_mean = checkpoint["target_mean"]
+
+
+class Numbered(LightningDataModule):
+    """The numbers 0 to ``num_samples - 1``, one a sample, as the validation and the test set."""
+
+    def __init__(self, num_samples: int = 11, batch_size: int = 4) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+    def setup(self, stage: str) -> None:
+        self.numbers = TensorDataset(torch.arange(self.hparams.num_samples, dtype=torch.float32))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.numbers, batch_size=self.hparams.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
+
+
+class NumberCounter(LightningModule):
+    """Evaluation figures the three ways the field computes them: a batch mean through ``self.log`` with
+    ``sync_dist``, torchmetrics' sum and count, and the epoch's outputs kept and gathered with ``self.all_gather`` at
+    its end. Global rank 0 writes them to ``figures.json``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+        self.total, self.count = SumMetric(), SumMetric()
+        self.kept: list[torch.Tensor] = []
+
+    def test_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+        (numbers,) = batch
+        self.log("test/mean", numbers.mean(), sync_dist=True, batch_size=len(numbers))
+        self.total.update(numbers)
+        self.count.update(torch.ones_like(numbers))
+        self.kept.append(numbers)
+
+    def on_test_epoch_end(self) -> None:
+        gathered = self.all_gather(torch.cat(self.kept)).flatten()
+        self.figures = {"sum": self.total.compute().item(), "count": self.count.compute().item()}
+        self.figures["gathered"] = gathered.tolist()
+
+    def on_test_end(self) -> None:  # once self.log's epoch figures are reduced
+        if self.trainer.is_global_zero:
+            mean = self.trainer.callback_metrics["test/mean"].item()
+            Path("figures.json").write_text(json.dumps({**self.figures, "mean": mean}))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)

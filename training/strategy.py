@@ -24,6 +24,7 @@ from torch.distributed.constants import default_pg_timeout
 
 from training.checkpoints.agreement import loads_problem, model_mismatch, without_compile
 from training.checkpoints.save_agreement import SaveAgreement
+from training.exact_evaluation import ExactEvaluation, quiet_lightnings_advice
 from training.heartbeat.liveness import Liveness
 from training.heartbeat.stall import Activity
 from training.job import node_processes
@@ -37,7 +38,7 @@ from training.job.store import connect
 from training.private_api import watch_started_processes
 
 
-class DDPStrategy(SaveAgreement, LightningDDPStrategy):
+class DDPStrategy(SaveAgreement, ExactEvaluation, LightningDDPStrategy):
     """DDP whose processes shake hands before the process group starts.
 
     Each process reports its node, host, versions, devices per node, ``num_nodes``, a digest of the code it
@@ -61,6 +62,8 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         stall_report, stall_timeout: a process that made no progress (training, validating, testing, predicting)
             for this long while the others wait for it is named in every node's log; then the job stops
             (training/heartbeat/stall.py). 0: never.
+        exact_evaluation: validation and test count each sample once, on any number of processes
+            (training/exact_evaluation.py); False: Lightning's shares, padded with repeats to the same size.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
@@ -73,9 +76,13 @@ class DDPStrategy(SaveAgreement, LightningDDPStrategy):
         min_nodes: int | None = None,
         stall_report: timedelta = timedelta(minutes=2),
         stall_timeout: timedelta = timedelta(minutes=5),
+        exact_evaluation: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, timeout=timeout, **kwargs)
+        self.exact_evaluation = exact_evaluation
+        if exact_evaluation:
+            quiet_lightnings_advice()
         self.min_nodes = min_nodes
         self.stall = (stall_report, stall_timeout)
         self.configured_nodes = 1  # the config's num_nodes, which the Trainer sets below
