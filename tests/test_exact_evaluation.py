@@ -1,6 +1,6 @@
-"""`python cli.py test` on 2 processes counts each sample once (training/exact_evaluation.py), against plain
-LightningCLI on the same module, which counts a repeated sample: 11 numbers, figured through self.log with sync_dist,
-torchmetrics and self.all_gather at the epoch's end (tests.zoo.NumberCounter)."""
+"""`python cli.py test` on 2 processes counts each sample once (training/exact_evaluation.py), as on one process,
+against plain LightningCLI on the same module, which counts a repeated sample: 11 numbers, figured through self.log
+with sync_dist, torchmetrics and self.all_gather at the epoch's end (tests.zoo.NumberCounter)."""
 
 import json
 
@@ -16,14 +16,16 @@ PLAIN = "from lightning.pytorch.cli import LightningCLI\n\nLightningCLI()\n"
 
 @pytest.fixture(scope="module")
 def tested(tmp_path_factory):
-    """The output and figures of the template's test and plain LightningCLI's, each on 2 processes."""
-    ours, plain = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("plain")
+    """The output and figures of the template's test on one process and on 2, and plain LightningCLI's on 2."""
+    alone, ours, plain = (tmp_path_factory.mktemp(name) for name in ("alone", "ours", "plain"))
+    succeeded(cli_job(alone, "alone", "test", "-c", DDP_YAML, *MODULE, "--trainer.devices=1"))
     output = succeeded(cli_job(ours, "exact", "test", "-c", DDP_YAML, *MODULE, "--trainer.devices=2"))
     (plain / "plain.py").write_text(PLAIN)
     settings = ["--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.logger=false"]
     result = run_script([str(plain / "plain.py"), "test", *MODULE, *settings], cwd=plain)
     assert result.returncode == 0, result.stdout + result.stderr
     return {
+        "alone": json.loads((alone / "figures.json").read_text()),
         "ours": (output, json.loads((ours / "figures.json").read_text())),
         "plain": (result.stdout + result.stderr, json.loads((plain / "figures.json").read_text())),
     }
@@ -31,7 +33,10 @@ def tested(tmp_path_factory):
 
 def test_every_figure_counts_each_of_the_11_samples_once_where_plain_lightning_counts_one_twice(tested):
     _, ours = tested["ours"]
-    assert (ours["count"], ours["sum"], ours["mean"]) == (11, 55, 5.0)
+    alone = tested["alone"]
+    assert (alone["count"], alone["sum"], alone["mean"]) == (11, 55, 5.0)
+    assert (ours["count"], ours["sum"], ours["mean"]) == (alone["count"], alone["sum"], alone["mean"])
+    assert sorted(alone["gathered"]) == list(range(11))
     _, plain = tested["plain"]
     # DistributedSampler pads rank 1's share of 5 with a repeat of sample 0.
     assert (plain["count"], plain["sum"]) == (12, 55)
