@@ -64,7 +64,7 @@ def resolve_in_file(value: Any, node: Any) -> None:
 def load_checking_the_file(value: str) -> Any:
     """``value`` as jsonargparse's ``omegaconf+`` loader reads it, once its interpolations resolve within the file."""
     loaded = omegaconf_loader()(value)
-    if isinstance(loaded, dict | list):
+    if isinstance(loaded, dict | list) and "${" in value:  # most values the parser loads have no interpolation
         resolve_in_file(loaded, OmegaConf.create(loaded))
     return loaded
 
