@@ -1,7 +1,6 @@
 """training/exact_evaluation.py without processes: which evaluation loaders lose their padding, the shares they deal
 out, and the line for a set whose unpadded shares would need different numbers of batches."""
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +18,7 @@ class Lightnings:
 class Strategy(ExactEvaluation, Lightnings):
     def __init__(self, stage: RunningStage, exact_evaluation: bool = True) -> None:
         self.exact_evaluation = exact_evaluation
+        self.is_global_zero = True
         self.lightning_module = SimpleNamespace(trainer=SimpleNamespace(state=SimpleNamespace(stage=stage)))
 
 
@@ -47,22 +47,19 @@ def test_training_and_a_switched_off_evaluation_keep_lightnings_padded_shares():
     assert shares(11, 4, RunningStage.TESTING, exact=False) == padded
 
 
-def test_shares_that_would_need_different_numbers_of_batches_stay_padded_and_say_so(caplog):
+def test_shares_that_would_need_different_numbers_of_batches_stay_padded_and_say_so(capsys):
     # 9 numbers in batches of 4: shares of 5 and 4 would be 2 batches and 1, and a collective in the second
     # batch of rank 0 would wait for rank 1 for good.
-    with caplog.at_level(logging.INFO):
-        dealt = shares(9, 4, RunningStage.VALIDATING)
+    dealt = shares(9, 4, RunningStage.VALIDATING)
     assert [len(share) for share in dealt] == [5, 5]
-    assert caplog.messages[0] == (
+    assert capsys.readouterr().out.splitlines()[0] == (
         "validation: 9 samples on 2 processes in batches of 4 cannot be shared without repeats so that every "
         "process runs as many batches as the others (shares of 5 and 4 samples), which a collective inside a step "
         "needs; so Lightning's padded shares stay, and 1 sample is evaluated and counted twice. For exact figures, "
         "choose a batch size that gives every share the same number of batches, or run the validation on one process."
     )
-    with caplog.at_level(logging.INFO):
-        caplog.clear()
-        dealt = shares(9, 3, RunningStage.VALIDATING)  # 5 and 4 are 2 batches each
-    assert (sorted(dealt[0] + dealt[1]), caplog.messages) == (list(range(9)), [])
+    dealt = shares(9, 3, RunningStage.VALIDATING)  # 5 and 4 are 2 batches each
+    assert (sorted(dealt[0] + dealt[1]), capsys.readouterr().out) == (list(range(9)), "")
 
 
 def test_a_loader_that_drops_its_last_short_batch_is_counted_by_the_batches_it_runs():

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler
+from tqdm import tqdm
 
 EVALUATING = (RunningStage.SANITY_CHECKING, RunningStage.VALIDATING, RunningStage.TESTING)
 
@@ -69,6 +69,10 @@ class ExactEvaluation:
     exact_evaluation: bool
     told_of_padded_gathers = False
 
+    def say(self, line: str) -> None:
+        if self.is_global_zero:
+            tqdm.write(line)  # on a line of its own above the progress bar, which the line comes in the middle of
+
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
         stage = self.lightning_module.trainer.state.stage
@@ -78,7 +82,7 @@ class ExactEvaluation:
             return dataloader
         samples, processes = len(sampler.dataset), sampler.num_replicas
         if len({batches(share, dataloader) for share in shares(samples, processes)}) > 1:
-            rank_zero_info(padding_stays(stage_name(stage), samples, processes, dataloader))
+            self.say(padding_stays(stage_name(stage), samples, processes, dataloader))
             return dataloader
         # DistributedSampler deals out total_size indices, num_samples to each process: the set's own size, no repeats.
         sampler.total_size = samples
@@ -101,7 +105,7 @@ class ExactEvaluation:
         longest, shortest = int(rows.max()), int(rows.min())
         if shortest < longest:
             if not self.told_of_padded_gathers:
-                rank_zero_info(
+                self.say(
                     f"{stage_name(stage)}: self.all_gather got {longest} rows from "
                     f"some processes and {shortest} from others, as each process evaluates its own share of the data "
                     "once; the shorter ones were padded with a repeat of their last row, as Lightning pads the data "
