@@ -1,4 +1,4 @@
-"""Validation and test that count each sample once, on any number of processes.
+"""Validation and test that count each sample once on several processes.
 
 Lightning gives each process of a DDP job an equal share of an evaluation set by padding the shares with repeats of
 the first samples (torch's DistributedSampler): 11 samples on 2 processes are evaluated as 12, and every metric
@@ -6,11 +6,11 @@ counts one of them twice. Here an evaluation's padded DistributedSampler loses i
 every process still runs the same number of batches, so a collective inside a step (``self.log`` with ``sync_dist``,
 a metric's ``dist_sync_on_step``, ``self.all_gather``) still meets its peers; ``self.log``'s epoch figures (a sum
 and a count, each averaged over the processes: the count in floating point here, which Lightning truncates) and
-torchmetrics then count each sample once. Where the shares would need
-different numbers of batches (the last global batch has fewer samples than there are processes), the padded shares
-stay and one line says so. ``self.all_gather`` of tensors whose first dimension follows the samples (a last batch,
-or all an epoch kept) pads the shorter ones with a repeat of their last row, as the sampler would have, so the
-gather works as before and says once that a figure computed from it counts those rows twice.
+torchmetrics then count each sample once. Where the shares would need different numbers of batches (the last global
+batch has fewer samples than there are processes), the padded shares stay and one line says so. ``self.all_gather``
+of tensors whose first dimension follows the samples (a last batch, or all an epoch kept) pads the shorter ones with
+a repeat of their last row, as the sampler would have, so the gather works as before and says once that a figure
+computed from it counts those rows twice.
 
 Predict needs none of this: Lightning's predict shares its data without repeats already."""
 
