@@ -47,6 +47,8 @@ LONGEST_FIRST = (
     "test_fault_tolerance.py",
     "test_zoo_optimization.py",
     "test_zoo_monitoring.py",
+    "test_zoo_transformers.py",
+    "test_stall_outside_training.py",
     "test_bench.py",
     "test_streaming_ddp.py",
     "test_k8s.py",

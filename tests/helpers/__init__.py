@@ -111,6 +111,10 @@ def s3_path() -> str:
     return installed_aside("requirements-s3-tests.txt", ("s3fs", "moto"), "this test serves S3 with moto and s3fs")
 
 
+def transformers_path() -> str:
+    return installed_aside("requirements-transformers-tests.txt", ("transformers",), "this test builds a GPT-2")
+
+
 def copy_project(dest: Path) -> Path:
     """A node's own clone of the project (tracked and new files, no logs or caches), as on a real cluster."""
     listed = subprocess.run(
