@@ -3,7 +3,7 @@ in two halves (tier: training; tools: the doctor and the benchmarks), the main c
 short mode (bench), then a summary to paste into a note.
 
     python -m scripts.gpu_tier WHEELS_DIR               # every part; WHEELS_DIR: wheels of what the machine lacks
-    python -m scripts.gpu_tier WHEELS_DIR --only tier   # the tier's training tests: about 2.5 minutes on one H200
+    python -m scripts.gpu_tier WHEELS_DIR --only tier   # the tier's training tests
     python -m scripts.gpu_tier WHEELS_DIR --only tools  # the doctor's and the benchmarks' GPU tests
     python -m scripts.gpu_tier WHEELS_DIR --only main   # the main command: 19 s on one H200
     python -m scripts.gpu_tier WHEELS_DIR --only bench  # 5 rounds in about 5 minutes on one H100
@@ -19,9 +19,8 @@ torch, Lightning and the rest that the machine has are used as installed (a GPU 
 every wheel in WHEELS_DIR of a project this Python lacks, less those pinned only for parts not run, is installed into
 this Python with pip --no-index --no-deps (a project it has is never replaced): the tests and the benchmark start
 processes of their own with the repo alone on PYTHONPATH, so a directory of wheels on it would not reach them, and
-these are the packages the template needs in this Python anyway. Each step's whole output
-goes to --out (default: /tmp/gpu-tier-<time>). Exit status 0 when every step run passed, 1 when one failed, 2 when
-it could not start.
+these are the packages the template needs in this Python anyway. Each step's whole output goes to --out (default:
+/tmp/gpu-tier-<time>). Exit status 0 when every step run passed, 1 when one failed, 2 when it could not start.
 """
 
 import argparse
@@ -46,7 +45,7 @@ PARTS = {
     "bench": "benchmark",
 }
 # The GPU tier's test files (every file with a test marked by tests.helpers.needs_gpus), in the two halves that each
-# fit one command: the whole tier took about 8.5 minutes on one H200.
+# fit one command: the whole tier took over 8 minutes on one H200.
 TIER_FILES = {
     "tier": ("test_gpu.py", "test_fsdp.py", "test_seq2seq_model.py", "test_rng.py", "test_step_time.py"),
     "tools": ("test_doctor.py", "test_bench.py", "test_gpu_defaults.py"),

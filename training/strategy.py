@@ -62,8 +62,8 @@ class DDPStrategy(SaveAgreement, ExactEvaluation, LightningDDPStrategy):
         stall_report, stall_timeout: a process that made no progress (training, validating, testing, predicting)
             for this long while the others wait for it is named in every node's log; then the job stops
             (training/heartbeat/stall.py). 0: never.
-        exact_evaluation: validation and test count each sample once, on any number of processes
-            (training/exact_evaluation.py); False: Lightning's shares, padded with repeats to the same size.
+        exact_evaluation: validation and test count each sample once wherever every process still runs as many
+            batches (training/exact_evaluation.py); False: Lightning's shares, padded with repeats to one size.
         *args, **kwargs: those of Lightning's DDPStrategy.
     """
 
