@@ -4,8 +4,9 @@ out, and the line for a set whose unpadded shares would need different numbers o
 from types import SimpleNamespace
 
 import pytest
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.trainer.states import RunningStage
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, SequentialSampler
 
 from training.exact_evaluation import ExactEvaluation
 
@@ -66,3 +67,24 @@ def test_a_loader_that_drops_its_last_short_batch_is_counted_by_the_batches_it_r
     # 11 in batches of 3: shares of 6 and 5 are 2 batches each, but 2 and 1 without the short last batch.
     assert [len(share) for share in shares(11, 3, RunningStage.TESTING)] == [6, 5]
     assert [len(share) for share in shares(11, 3, RunningStage.TESTING, drop_last=True)] == [6, 6]
+
+
+def test_a_sampler_of_the_users_own_that_deals_its_indices_its_own_way_is_left_alone():
+    class EveryOther(DistributedSampler):
+        def __iter__(self):
+            return iter(range(self.rank, self.total_size, 2))
+
+    sampler = EveryOther(range(11), num_replicas=2, rank=1, shuffle=False)
+    data = Strategy(RunningStage.TESTING).process_dataloader(DataLoader(range(11), batch_size=4, sampler=sampler))
+    assert (data.sampler.total_size, len(data)) == (12, 2)
+
+
+def test_lightnings_wrapper_around_a_sampler_of_the_users_deals_each_sample_once():
+    dealt = []
+    for rank in range(2):
+        sampler = DistributedSamplerWrapper(SequentialSampler(range(11)), num_replicas=2, rank=rank, shuffle=False)
+        data = Strategy(RunningStage.VALIDATING).process_dataloader(
+            DataLoader(range(11), batch_size=4, sampler=sampler)
+        )
+        dealt.append([int(i) for batch in data for i in batch])
+    assert sorted(dealt[0] + dealt[1]) == list(range(11))

@@ -18,12 +18,16 @@ import warnings
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch.trainer.states import RunningStage
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm import tqdm
 
 EVALUATING = (RunningStage.SANITY_CHECKING, RunningStage.VALIDATING, RunningStage.TESTING)
+# The samplers Lightning puts in an evaluation's loader: torch's, or its own around a sampler of the user's. A subclass
+# of the user's may deal its indices another way.
+SHARED = (DistributedSampler, DistributedSamplerWrapper)
 
 
 def stage_name(stage: RunningStage) -> str:
@@ -77,7 +81,7 @@ class ExactEvaluation:
         dataloader = super().process_dataloader(dataloader)
         stage = self.lightning_module.trainer.state.stage
         sampler = getattr(dataloader, "sampler", None)
-        padded = isinstance(sampler, DistributedSampler) and not sampler.drop_last
+        padded = type(sampler) in SHARED and not sampler.drop_last
         if not (self.exact_evaluation and stage in EVALUATING and padded and sampler.total_size > len(sampler.dataset)):
             return dataloader
         samples, processes = len(sampler.dataset), sampler.num_replicas
