@@ -60,8 +60,8 @@ class TinyGPT(LightningModule):
         return self.model(input_ids=tokens).logits[:, -1].argmax(-1)  # the next token
 
     def configure_optimizers(self):
-        decay = [p for name, p in self.named_parameters() if p.dim() >= 2]
-        no_decay = [p for name, p in self.named_parameters() if p.dim() < 2]
+        decay = [p for p in self.parameters() if p.dim() >= 2]  # biases and LayerNorms: one dimension
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
         optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr)
         total = self.trainer.estimated_stepping_batches

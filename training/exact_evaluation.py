@@ -85,12 +85,13 @@ class ExactEvaluation:
         if not (self.exact_evaluation and stage in EVALUATING and padded and sampler.total_size > len(sampler.dataset)):
             return dataloader
         samples, processes = len(sampler.dataset), sampler.num_replicas
-        if len({batches(share, dataloader) for share in shares(samples, processes)}) > 1:
+        dealt = shares(samples, processes)
+        if len({batches(share, dataloader) for share in dealt}) > 1:
             self.say(padding_stays(stage_name(stage), samples, processes, dataloader))
             return dataloader
         # DistributedSampler deals out total_size indices, num_samples to each process: the set's own size, no repeats.
         sampler.total_size = samples
-        sampler.num_samples = shares(samples, processes)[sampler.rank]
+        sampler.num_samples = dealt[sampler.rank]
         return dataloader
 
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
