@@ -20,6 +20,7 @@ from tests.helpers import DDP_YAML, REPO, SINGLE_PROCESS, run_script, stopped_in
 from training.config.checks import refused_setting
 from training.config.network import gloo_interface_problem
 from training.config.trainer_settings import devices_problem
+from training.private_api import subcommand_parser
 
 
 def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
@@ -29,6 +30,23 @@ def test_fit_fast_dev_run_trains_the_toy_model(run_cli):
     assert result.trainer.global_step == 2
     assert torch.isfinite(result.trainer.callback_metrics["val/loss"])
     assert torch.get_float32_matmul_precision() == "medium"  # set for the process, before the Trainer
+    with pytest.raises(KeyError):  # the parsers of the subcommands not run are never built (a third of a parse)
+        subcommand_parser(result, "validate")
+
+
+def test_help_and_a_mistyped_subcommand_name_all_four_subcommands(run_cli, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_cli("--help")
+    assert stopped.value.code == 0
+    assert "{fit,validate,test,predict}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stopped:
+        run_cli("fitt", "-c", DDP_YAML)
+    assert stopped.value.code == 2
+    assert "invalid choice: 'fitt' (choose from 'fit', 'validate', 'test', 'predict')" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        run_cli("test", "--help")
+    assert stopped.value.code == 0
+    assert "--ckpt_path" in capsys.readouterr().out
 
 
 def test_the_imports_leave_the_garbage_collector_on_and_what_they_made_frozen(tmp_path):

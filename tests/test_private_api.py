@@ -11,9 +11,12 @@ from pathlib import Path
 
 import jsonargparse
 import lightning
+import pytest
+import yaml
 from jsonargparse import set_parsing_settings
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.trainer import call
@@ -31,6 +34,7 @@ from training.private_api import (
     omegaconf_loader,
     skip_hooks_not_overridden,
     stop_sigterm_broadcast,
+    subcommand_parser,
     watch_started_processes,
 )
 
@@ -45,6 +49,22 @@ def test_jsonargparse_still_has_its_omegaconf_plus_loader():
     loaded = omegaconf_loader()("a:\n  b: ${c}\nc: 3\n")
     use = "_optionals.get_omegaconf_loader('omegaconf+')"
     assert loaded == {"a": {"b": "${..c}"}, "c": 3}, moved("jsonargparse", jsonargparse.__version__, use)
+
+
+def test_lightning_still_keeps_each_subcommands_parser_where_print_config_takes_it():
+    class Parsed(Exception):
+        pass
+
+    class ParseOnly(LightningCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self)
+
+    with pytest.raises(Parsed) as parsed:
+        ParseOnly(BoringModel, args=["validate", "--trainer.limit_val_batches=3"])
+    cli = parsed.value.args[0]
+    printed = yaml.safe_load(subcommand_parser(cli, "validate").dump(cli.config.validate))
+    use = "LightningCLI._subcommand_parsers"
+    assert printed["trainer"]["limit_val_batches"] == 3, moved("lightning", lightning.__version__, use)
 
 
 def test_lightning_still_keeps_the_step_of_a_checkpoint_callbacks_latest_save(tmp_path):

@@ -20,7 +20,7 @@ import torch
 from jsonargparse._optionals import get_omegaconf_loader
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher, subprocess_script
@@ -42,6 +42,11 @@ def omegaconf_loader() -> Callable[[str], Any]:
     before then, and after cli.py's first run it would return cli.py's own wrapper.
     """
     return get_omegaconf_loader("omegaconf+")
+
+
+def subcommand_parser(cli: LightningCLI, subcommand: str) -> LightningArgumentParser:
+    """The parser of ``cli``'s ``subcommand``, the one ``--print_config`` prints the subcommand's config with."""
+    return cli._subcommand_parsers[subcommand]
 
 
 def last_saved_step(callback: ModelCheckpoint) -> int:

@@ -29,7 +29,7 @@ from training.job.forked import end_forked_with_this_process
 from training.job.node_processes import end_after_error, let_later_end, speaks_for_node
 from training.job.stop_signal import REQUESTS
 from training.job.vector_math import settle_vector_math
-from training.private_api import LIGHTNING_2_5, ckpt_path_read_as_lightning_2_6
+from training.private_api import LIGHTNING_2_5, ckpt_path_read_as_lightning_2_6, subcommand_parser
 from training.run.record import RunRecord, name_the_logger
 from training.strategy import DDPStrategy
 
@@ -51,6 +51,18 @@ def without_config(subcommand: str) -> str:
 
 @ckpt_path_read_as_lightning_2_6
 class CLI(LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        given = sys.argv[1:] if given is None else given
+        self.named = given[0] if isinstance(given, list) and given else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        # Only the subcommand that comes first on the command line gets a parser: each of Lightning's four costs about
+        # 0.03 s of CPU in every process that starts, a third of the parse. Without one (cli.py --help), all four.
+        every = LightningCLI.subcommands()
+        return {self.named: every[self.named]} if self.named in every else every
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
         link_data_to_model(parser)
@@ -68,7 +80,7 @@ class CLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         if not isinstance(args, dict | Namespace):
-            print_config_with_links(parser, args)
+            print_config_with_links(parser, functools.partial(subcommand_parser, self), args)
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")

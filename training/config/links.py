@@ -8,7 +8,6 @@ the command line that differs from the data's is refused here, naming both, and 
 ``config.yaml`` hold the value the model gets.
 """
 
-import json
 import re
 import sys
 from argparse import ArgumentError
@@ -27,7 +26,9 @@ LINKS = {
     "bos_id": "bos_id",
     "eos_id": "eos_id",
 }
-PRINT_CONFIG = re.compile(r"--print_config(=.*)?")
+PRINT_CONFIG = re.compile(r"--print_config(?:=(.*))?")
+# --print_config's flags as jsonargparse 4.53 maps them onto its dump's arguments (skip_null: its former name).
+PRINT_FLAGS = {"skip_default": "skip_default", "skip_unset": "skip_unset", "skip_null": "skip_unset"}
 
 
 def link_data_to_model(parser: ArgumentParser) -> None:
@@ -109,17 +110,23 @@ def build_data(config: Namespace) -> LightningDataModule | None:
     return parser.instantiate_classes(parser.parse_object({"data": config.data.as_dict()})).data
 
 
-def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> None:
+def print_config_with_links(parser: ArgumentParser, subparser: Callable[[str], ArgumentParser], args: Any) -> None:
     """``--print_config`` as the classes get the config, linked values included; exits. Returns, printing nothing,
-    when ``--print_config`` is not asked for or the config does not parse whole: jsonargparse then prints what it
-    has (a starting config without a model), or names the mistake; and, after a note, when the data module cannot
-    be built on this machine.
+    when ``--print_config`` is not asked for, with a flag this does not know, or the config does not parse whole:
+    jsonargparse then prints what it has (a starting config without a model), or names the mistake; and, after a note,
+    when the data module cannot be built on this machine.
 
     jsonargparse prints while it parses, before any class is built, so this parses without ``--print_config``,
-    builds the data module, and prints again with the linked values given, which equal the data's."""
+    builds the data module, and prints the config with the linked values, as jsonargparse would with the flags
+    given, from ``subparser(subcommand)``: the subcommand's parser."""
     args = list(sys.argv[1:] if args is None else args)
     rest = [arg for arg in args if not PRINT_CONFIG.fullmatch(arg)]
     if len(rest) == len(args):
+        return
+    flags = [
+        flag for arg in args if (asked := PRINT_CONFIG.fullmatch(arg)) for flag in (asked[1] or "").split(",") if flag
+    ]
+    if not set(flags) <= set(PRINT_FLAGS):
         return
     exit_on_error, parser.exit_on_error = parser.exit_on_error, False  # a config that does not parse raises
     try:
@@ -143,8 +150,8 @@ def print_config_with_links(parser: ArgumentParser, args: list[str] | None) -> N
                 file=sys.stderr,
             )
         return
-    linked = linked_values(config[subcommand], datamodule)
-    if problem := link_problem(lambda: given_model(parser, rest, subcommand), linked, config[subcommand]):
+    if problem := record_links(config[subcommand], datamodule, lambda: given_model(parser, rest, subcommand)):
         parser.error(problem)
-    values = [f"--model.init_args.{target}={json.dumps(value)}" for target, value in linked.items()]
-    parser.parse_args([*rest, *values, *(arg for arg in args if PRINT_CONFIG.fullmatch(arg))])
+    options = {"skip_unset": False} | {PRINT_FLAGS[flag]: True for flag in flags}
+    sys.stdout.write(subparser(subcommand).dump(config[subcommand], **options))
+    parser.exit()
