@@ -54,14 +54,14 @@ class CLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = kwargs.get("args")
         given = sys.argv[1:] if given is None else given
-        self.named = given[0] if isinstance(given, list) and given else None
+        self.first_argument = given[0] if isinstance(given, list) and given else None
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
         # Only the subcommand that comes first on the command line gets a parser: each of Lightning's four costs about
         # 0.03 s of CPU in every process that starts, a third of the parse. Without one (cli.py --help), all four.
         every = LightningCLI.subcommands()
-        return {self.named: every[self.named]} if self.named in every else every
+        return {self.first_argument: every[self.first_argument]} if self.first_argument in every else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
