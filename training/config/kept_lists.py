@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from training.config.loader import read_yaml
+
 LISTS = ("callbacks", "plugins")
 CONFIG_FLAGS = ("-c", "--config")
 LIST_FLAGS = tuple(f"--trainer.{key}{add}" for key in LISTS for add in ("", "+"))
@@ -26,7 +28,7 @@ def file_lists(path: str) -> list[tuple[str, list[Any], bool]]:
     """``(key, entries, adds)`` for each list of ``LISTS`` under ``trainer:`` in the config file at ``path``;
     ``adds`` for ``key+:``. A file that cannot be read gives none: the parser has already said what is wrong."""
     try:
-        trainer = (yaml.safe_load(Path(path).read_text()) or {}).get("trainer")
+        trainer = (read_yaml(Path(path).read_text()) or {}).get("trainer")
     except (OSError, yaml.YAMLError, AttributeError):
         return []
     found = []
@@ -42,7 +44,7 @@ def flag_list(option: str, value: str) -> tuple[str, list[Any], bool] | None:
     if option == key or key.removesuffix("+") not in LISTS:
         return None
     try:
-        entries = yaml.safe_load(value)
+        entries = read_yaml(value)
     except yaml.YAMLError:
         entries = value
     return key.removesuffix("+"), entries if isinstance(entries, list) else [entries], key.endswith("+")

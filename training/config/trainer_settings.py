@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.strategies import FSDPStrategy
+
+from training.config.loader import read_yaml
 
 POSITIVE = re.compile(r"[1-9][0-9]*")
 DEFAULT_WAITS = {"timeout": "0:30:00", "join_timeout": "0:10:00", "peer_timeout": "0:01:00"}
@@ -207,7 +208,7 @@ def origin(key: str, config: dict[str, Any]) -> str:
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     for file in reversed([str(path) for path in config.get("config") or []]):
-        node: Any = yaml.safe_load(Path(file).read_text())
+        node: Any = read_yaml(Path(file).read_text())
         for part in key.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
