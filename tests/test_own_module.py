@@ -71,9 +71,9 @@ class OwnData(LightningDataModule):
         return self.loader(32)
 
 
-def printed(run_cli, capsys, *args: str) -> dict:
+def printed(run_cli, capsys, *args: str, flags: str = "") -> dict:
     with pytest.raises(SystemExit) as exit_info:
-        run_cli("fit", "-c", DDP_YAML, *args, "--print_config")
+        run_cli("fit", "-c", DDP_YAML, *args, f"--print_config{flags}")
     captured = capsys.readouterr()
     assert exit_info.value.code == 0, captured.err
     return yaml.safe_load(captured.out)
@@ -148,6 +148,10 @@ def test_a_linked_argument_equal_to_the_datas_is_accepted_and_shown(run_cli, cap
     for given in ([], ["--model.init_args.in_features=5"]):
         config = printed(run_cli, capsys, "--data.init_args.num_features=5", *given)
         assert config["model"]["init_args"]["in_features"] == 5
+    # jsonargparse's flags: the defaults left out, the linked value still shown.
+    skipping = printed(run_cli, capsys, "--data.init_args.num_features=5", flags="=skip_default")
+    assert skipping["model"]["init_args"]["in_features"] == 5
+    assert "fast_dev_run" in config["trainer"] and "fast_dev_run" not in skipping["trainer"]
 
 
 def test_what_was_given_is_parsed_apart_only_where_a_linked_value_differs_from_the_datas(run_cli, monkeypatch):
