@@ -10,7 +10,6 @@ import warnings
 from typing import Any
 
 import torch
-from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -52,16 +51,16 @@ def without_config(subcommand: str) -> str:
 @ckpt_path_read_as_lightning_2_6
 class CLI(LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        given = kwargs.get("args")
-        given = sys.argv[1:] if given is None else given
-        self.first_argument = given[0] if isinstance(given, list) and given else None
+        given = sys.argv[1:] if kwargs.get("args") is None else kwargs["args"]
+        self.command_line = given if isinstance(given, list) else None  # None: a config given as a dict or Namespace
         super().__init__(*args, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
         # Only the subcommand that comes first on the command line gets a parser: each of Lightning's four costs about
         # 0.03 s of CPU in every process that starts, a third of the parse. Without one (cli.py --help), all four.
         every = LightningCLI.subcommands()
-        return {self.first_argument: every[self.first_argument]} if self.first_argument in every else every
+        first = self.command_line[0] if self.command_line else None
+        return {first: every[first]} if first in every else every
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # Shapes and token ids come from the data, never stated twice; skipped for modules without them.
@@ -79,17 +78,18 @@ class CLI(LightningCLI):
             parser.add_argument("--weights_only", type=bool | None, default=None, help=tip)
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        if not isinstance(args, dict | Namespace):
-            print_config_with_links(parser, functools.partial(subcommand_parser, self), args)
+        if self.command_line is not None:
+            print_config_with_links(parser, functools.partial(subcommand_parser, self), self.command_line)
         super().parse_arguments(parser, args)
         # Before LightningCLI reads a --ckpt_path file's hyperparameters: a wrong path would end there in a traceback.
         subcommand = self.config.get("subcommand")
         if subcommand and (problem := config_problem(self.config[subcommand].as_dict())):
             parser.error(problem)
         # A later list of callbacks or plugins that replaces the template's (kept_lists.py).
-        given = sys.argv[1:] if args is None else args if isinstance(args, list) else None
         if subcommand and (
-            problem := lists_problem(given, self.config[subcommand].trainer, self.config[subcommand].turn_off)
+            problem := lists_problem(
+                self.command_line, self.config[subcommand].trainer, self.config[subcommand].turn_off
+            )
         ):
             parser.error(problem)
         # Said once per node, by the process that starts the others: the run goes on.

@@ -110,8 +110,11 @@ def build_data(config: Namespace) -> LightningDataModule | None:
     return parser.instantiate_classes(parser.parse_object({"data": config.data.as_dict()})).data
 
 
-def print_config_with_links(parser: ArgumentParser, subparser: Callable[[str], ArgumentParser], args: Any) -> None:
-    """``--print_config`` as the classes get the config, linked values included; exits. Returns, printing nothing,
+def print_config_with_links(
+    parser: ArgumentParser, subparser: Callable[[str], ArgumentParser], args: list[str]
+) -> None:
+    """``--print_config`` in the command line ``args``, as the classes get the config, linked values included; exits.
+    Returns, printing nothing,
     when ``--print_config`` is not asked for, with a flag this does not know, or the config does not parse whole:
     jsonargparse then prints what it has (a starting config without a model), or names the mistake; and, after a note,
     when the data module cannot be built on this machine.
@@ -119,7 +122,6 @@ def print_config_with_links(parser: ArgumentParser, subparser: Callable[[str], A
     jsonargparse prints while it parses, before any class is built, so this parses without ``--print_config``,
     builds the data module, and prints the config with the linked values, as jsonargparse would with the flags
     given, from ``subparser(subcommand)``: the subcommand's parser."""
-    args = list(sys.argv[1:] if args is None else args)
     rest = [arg for arg in args if not PRINT_CONFIG.fullmatch(arg)]
     if len(rest) == len(args):
         return
