@@ -63,7 +63,7 @@ def test_lightning_still_keeps_each_subcommands_parser_where_print_config_takes_
         ParseOnly(BoringModel, args=["validate", "--trainer.limit_val_batches=3"])
     cli = parsed.value.args[0]
     printed = yaml.safe_load(subcommand_parser(cli, "validate").dump(cli.config.validate))
-    use = "LightningCLI._subcommand_parsers"
+    use = "LightningCLI._parser(subcommand)"
     assert printed["trainer"]["limit_val_batches"] == 3, moved("lightning", lightning.__version__, use)
 
 

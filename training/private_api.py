@@ -45,8 +45,9 @@ def omegaconf_loader() -> Callable[[str], Any]:
 
 
 def subcommand_parser(cli: LightningCLI, subcommand: str) -> LightningArgumentParser:
-    """The parser of ``cli``'s ``subcommand``, the one ``--print_config`` prints the subcommand's config with."""
-    return cli._subcommand_parsers[subcommand]
+    """The parser of ``cli``'s ``subcommand``, the one ``--print_config`` prints the subcommand's config with: the one
+    LightningCLI saves the subcommand's config with."""
+    return cli._parser(subcommand)
 
 
 def last_saved_step(callback: ModelCheckpoint) -> int:
