@@ -59,7 +59,7 @@ def tracking_uri(tmp_path_factory):
     command = [python, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     command += ["--backend-store-uri", f"sqlite:///{directory}/mlflow.db", "--default-artifact-root", str(directory)]
     # MLflow 3's job runner (GenAI evaluation jobs, which these tests never ask for) would start eight more Python
-    # processes that import mlflow: some 10 s of CPU.
+    # processes that import mlflow: about 14 s of CPU.
     jobs = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     server = serve(command, port, directory / "server.log", timeout=300, env=jobs)
     uri = f"http://127.0.0.1:{port}"
