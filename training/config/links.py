@@ -114,10 +114,9 @@ def print_config_with_links(
     parser: ArgumentParser, subparser: Callable[[str], ArgumentParser], args: list[str]
 ) -> None:
     """``--print_config`` in the command line ``args``, as the classes get the config, linked values included; exits.
-    Returns, printing nothing,
-    when ``--print_config`` is not asked for, with a flag this does not know, or the config does not parse whole:
-    jsonargparse then prints what it has (a starting config without a model), or names the mistake; and, after a note,
-    when the data module cannot be built on this machine.
+    Returns, printing nothing, when ``--print_config`` is not asked for, with a flag this does not know, or the config
+    does not parse whole: jsonargparse then prints what it has (a starting config without a model), or names the
+    mistake; and, after a note, when the data module cannot be built on this machine.
 
     jsonargparse prints while it parses, before any class is built, so this parses without ``--print_config``,
     builds the data module, and prints the config with the linked values, as jsonargparse would with the flags
