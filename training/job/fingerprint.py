@@ -1,6 +1,8 @@
 """What processes of one job must agree on, in a form cheap to send and easy to compare."""
 
+import functools
 import hashlib
+import os
 import site
 import sys
 import sysconfig
@@ -25,16 +27,28 @@ def imported_code() -> dict[str, Path]:
     name: the project's own modules and any user package a ``class_path`` named, wherever it lives."""
     code = {}
     for name, module in list(sys.modules.items()):
-        path = Path(getattr(module, "__file__", None) or "")
+        file = getattr(module, "__file__", None) or ""
         # Some "modules" are namespaces that torch builds, with a file name but no file.
         if (
-            path.suffix == ".py"
-            and path.is_absolute()
-            and path.is_file()
-            and not str(path.resolve()).startswith(INSTALLED)
+            file.endswith(".py")
+            and os.path.isabs(file)
+            and os.path.isfile(file)
+            and not real_path(file).startswith(INSTALLED)
         ):
-            code[name] = path
+            code[name] = Path(file)
     return code
+
+
+def real_path(file: str) -> str:
+    """``os.path.realpath(file)``, each directory resolved once: a training process imports some 2,800 modules from
+    a few hundred directories, and resolving each file's whole path took 0.1 s of CPU."""
+    directory, name = os.path.split(file)
+    return os.path.realpath(file) if os.path.islink(file) else os.path.join(real_directory(directory), name)
+
+
+@functools.cache
+def real_directory(directory: str) -> str:
+    return os.path.realpath(directory)
 
 
 def code_digest() -> str:
