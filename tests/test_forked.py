@@ -1,7 +1,8 @@
 """What a process forked from a rank inherits (training/job/forked.py): a DataLoader worker, of any loader, leaves the
 stop signals to its rank, but ends on its rank's own SIGTERM, as torch and multiprocessing end workers, and tells its
-rank where it is when asked (a stall report); a pool of the module's own keeps the signals' usual effect, which
-``Pool.terminate`` relies on."""
+rank where it is when asked (a stall report: one that reads or starts by its stack, one that cannot answer by its pid,
+an idle one not at all); a pool of the module's own keeps the signals' usual effect, which ``Pool.terminate`` relies
+on."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 
 from tests.helpers import REPO
+from training.heartbeat.stall import SILENT
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 
@@ -27,6 +29,7 @@ from training.job.forked import end_forked_with_this_process
 from training.private_api import main_thread_stack
 
 HOLD = Path(sys.argv[1])
+STARTING = Path(f"{HOLD}.starting")
 
 def report(_=None):
     blocked = next(line for line in open("/proc/self/status") if line.startswith("SigBlk:")).split()[1]
@@ -42,15 +45,25 @@ class Reports(Dataset):
             threading.Event().wait(0.01)
         return torch.tensor(report())
 
-def ask_while_waiting(asked):  # what a stall report finds once the main thread waits for a worker stuck reading
+def hold_while_starting(worker_id):  # a worker_init_fn that connects to a dead server
+    while STARTING.exists():
+        threading.Event().wait(0.01)
+
+def ask_while_waiting(asked, release):  # what a stall report finds once the main thread waits for a worker
     found, deadline = {}, time.monotonic() + 120  # then the test fails on what was found
     while "worker" not in found and time.monotonic() < deadline:
         threading.Event().wait(0.01)
         stack = main_thread_stack(12)
         found = where(stack) if WAITS_FOR_DATA in "".join(stack) else {}
     print(json.dumps(found), flush=True)
-    HOLD.unlink()
+    release()
     asked.set()
+
+def stall(batches, release):
+    asked = threading.Event()
+    threading.Thread(target=ask_while_waiting, args=(asked, release)).start()
+    while not asked.is_set():
+        next(batches)
 
 end_forked_with_this_process()
 batches = iter(DataLoader(Reports(), num_workers=1, batch_size=None, prefetch_factor=1))
@@ -59,15 +72,26 @@ with multiprocessing.get_context("fork").Pool(1) as pool:
     pooled = pool.apply(report)
 print(json.dumps({"worker": worker, "pool": pooled, "rank": report()}), flush=True)
 for line in sys.stdin:
-    if line == "stall\\n":
+    if line == "stall\\n":  # the worker's reads hang
         HOLD.touch()
-        asked = threading.Event()
-        threading.Thread(target=ask_while_waiting, args=(asked,)).start()
-        while not asked.is_set():
-            next(batches)
-        continue
-    print(json.dumps(next(batches).tolist()), flush=True)
+        stall(batches, HOLD.unlink)
+    elif line == "starting\\n":  # another loader's worker hangs before its first read; the first one is idle
+        STARTING.touch()
+        starting = DataLoader(Reports(), num_workers=1, batch_size=None, worker_init_fn=hold_while_starting)
+        stall(iter(starting), STARTING.unlink)
+    elif line == "stopped\\n":  # the worker stopped, as one stuck in C code that holds Python's lock is
+        os.kill(worker[0], signal.SIGSTOP)
+        stall(batches, lambda: os.kill(worker[0], signal.SIGCONT))
+    else:
+        print(json.dumps(next(batches).tolist()), flush=True)
 """
+
+
+def asked(rank: subprocess.Popen, what: str) -> dict:
+    """What the rank's stall report found, once the script above had it wait for data in the stall ``what``."""
+    rank.stdin.write(f"{what}\n")
+    rank.stdin.flush()
+    return json.loads(rank.stdout.readline())
 
 
 def blocked(mask: int) -> set[int]:
@@ -94,12 +118,15 @@ def test_a_dataloader_worker_leaves_stop_signals_to_its_rank_tells_it_where_it_i
         rank.stdin.write("next\n")
         rank.stdin.flush()
         assert json.loads(rank.stdout.readline())[0] == worker, "the worker did not serve on after the signals"
-        rank.stdin.write("stall\n")  # the worker's reads hang; the rank asks its workers where they are
-        rank.stdin.flush()
-        found = json.loads(rank.stdout.readline())
+        found = asked(rank, "stall")  # the worker's reads hang; the rank asks its workers where they are
         assert found.get("worker") == worker, found
         assert re.fullmatch(r"__getitem__ \(<string>:\d+\)", found["place"]), found  # not threading's wait
         assert "in __getitem__" in "".join(found["worker_stack"]) and "selectors" in "".join(found["stack"]), found
+        found = asked(rank, "starting")  # the worker of that first loader is idle meanwhile, and not named
+        assert found.get("worker") not in (None, worker), found
+        assert re.fullmatch(r"hold_while_starting \(<string>:\d+\)", found["place"]), found
+        found = asked(rank, "stopped")  # it cannot answer: named by its pid, saying so
+        assert (found.get("worker"), found.get("worker_stack"), found.get("place")) == (worker, [], SILENT), found
         rank.stdin.close()  # the rank exits, and multiprocessing ends its worker with SIGTERM
         assert rank.wait(timeout=120) == 0
     finally:

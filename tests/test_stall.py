@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
 from training.heartbeat import why_stopped
-from training.heartbeat.stall import Activity, own_frame, stalled
+from training.heartbeat.stall import SILENT, Activity, own_frame, stalled
 from training.private_api import main_thread_stack
 
 IN_DATASET = ['  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n    return self.read(index)\n']
@@ -107,6 +107,19 @@ def test_a_process_waiting_for_a_stuck_dataloader_worker_is_named_with_the_worke
     assert "longer than the collective timeout (0:01:30), while the other processes" in waited
     assert "Its main thread was in __getitem__ (/home/me/my_pkg/data.py:42)" in waited
     assert "if such waits are expected, raise trainer.strategy.init_args.timeout. TAIL" in waited
+
+
+def test_a_dataloader_worker_that_does_not_answer_is_named_by_its_pid_and_no_stack_is_made_up_for_it():
+    silent = beat(1, 4, IN_LOADER) | {"worker": 4321, "worker_stack": [], "place": SILENT}
+    report = why_stopped.stall_report(silent, "training", timedelta(minutes=5), timedelta(minutes=30))
+    assert report.split("in a collective. ")[1] == (
+        "Its main thread waits for its DataLoader worker (pid 4321), which is in a place it did not say (it did not "
+        "answer within 0.5 s: stopped, or blocked in C code that holds Python's lock, such as a lock it inherited as "
+        "it was forked).\nThe job stops once it has made none for trainer.strategy.init_args.stall_timeout (0:05:00)."
+    )
+    paragraph = why_stopped.stalled(silent, "training", "stall_timeout (0:05:00)", "TAIL")
+    assert f"collective. Its DataLoader worker (pid 4321) was in {SILENT}; every node's log" in paragraph
+    assert "selectors" not in report + paragraph
 
 
 def loop(ready: int) -> SimpleNamespace:

@@ -4,10 +4,11 @@ network mount, a hung call in the module's own step).
 
 Every process adds to its heartbeat how far it has got (batches fetched, every loop's together), what it is doing, how
 long it has made no progress and, once that is long, where it is: its main thread's Python stack, which another
-thread can read while the main thread waits in C, and where that waits for its data, the stacks of its DataLoader
-workers that are reading a sample (training/heartbeat/worker_stacks.py). training/heartbeat/liveness.py names a
-stalled process in every node's log after ``stall_report`` and stops the job after ``stall_timeout``; a process that
-saves a checkpoint meanwhile is busy, not stalled, and the others' logs say so.
+thread can read while the main thread waits in C, and where that waits for its data, the stack of a DataLoader
+worker that is not waiting for indices, or the pid of one that did not answer (training/heartbeat/worker_stacks.py).
+training/heartbeat/liveness.py names a stalled process in every node's log after ``stall_report`` and stops the job
+after ``stall_timeout``; a process that saves a checkpoint meanwhile is busy, not stalled, and the others' logs say
+so.
 """
 
 import os
@@ -31,6 +32,11 @@ SAVING = ("torch/serialization.py", "save_checkpoint")
 SAVING_A_CHECKPOINT = "saving a checkpoint"
 # A main thread that waits for its DataLoader's workers.
 WAITS_FOR_DATA = "torch/utils/data/dataloader.py"
+# Where a DataLoader worker that did not answer is: its signal thread, which answers, did not get to run.
+SILENT = (
+    f"a place it did not say (it did not answer within {worker_stacks.ANSWER_SECONDS} s: stopped, or blocked in C code "
+    "that holds Python's lock, such as a lock it inherited as it was forked)"
+)
 STAGES = {
     "train": "training",
     "sanity_check": "the sanity check",
@@ -83,11 +89,14 @@ class Activity:
 
 def where(stack: list[str]) -> dict[str, Any]:
     """Where a process is, for its heartbeat: its main thread's ``stack``, and where that waits for data, the stack of
-    the DataLoader worker that reads; the innermost frame of the user's code there (``place``)."""
+    a DataLoader worker that is busy (reading, starting), or else the pid of one that did not answer (an empty
+    ``worker_stack``); the innermost frame of the user's code there (``place``)."""
     found: dict[str, Any] = {"stack": stack, "place": own_frame(stack)}
     if REGISTRATION.registered and WAITS_FOR_DATA in "".join(stack):
-        for pid, worker_stack in worker_stacks.reading_workers().items():
-            return found | {"worker": pid, "worker_stack": worker_stack, "place": own_frame(worker_stack)}
+        workers = worker_stacks.busy_workers()
+        for pid, worker_stack in sorted(workers.items(), key=lambda item: item[1] is None):  # those that answered first
+            place = own_frame(worker_stack) if worker_stack is not None else SILENT
+            return found | {"worker": pid, "worker_stack": worker_stack or [], "place": place}
     return found
 
 

@@ -133,14 +133,18 @@ def stall_report(beat: dict[str, Any], what: str, stall_timeout: timedelta, coll
         if stall_timeout
         else f"The job waits for it up to the collective timeout ({collective_timeout}; stall_timeout is 0)"
     )
-    if "worker" in beat:
+    if "worker" in beat and not beat["worker_stack"]:
+        where = f"Its main thread waits for its DataLoader worker (pid {beat['worker']}), which is in {beat['place']}."
+        stack = []
+    elif "worker" in beat:
         where = f"Its main thread waits for its DataLoader worker (pid {beat['worker']}), which is at:"
         stack = beat["worker_stack"]
     else:
         where, stack = "Its main thread is at:", beat.get("stack", [])
+    shown = "".join(stack).rstrip()
     return (
         f"warning: {who(beat)} has made no progress in {what} for {beat['quiet']:.0f} s ({at(beat)}), while the "
-        f"other processes wait for it in a collective. {where}\n{''.join(stack).rstrip()}\n{stops}."
+        f"other processes wait for it in a collective. {where}\n" + (f"{shown}\n" if shown else "") + f"{stops}."
     )
 
 

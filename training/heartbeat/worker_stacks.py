@@ -1,5 +1,6 @@
 """Where a rank's DataLoader workers are, for a stall report: a rank that waits for its data shows only its own wait
-(``_data_queue.get``, in selectors); the read that blocks is in one of its workers.
+(``_data_queue.get``, in selectors); what blocks is in one of its workers (a read, a ``worker_init_fn``), or a worker
+that cannot answer at all (stuck in C code, or in a lock it inherited as it was forked).
 
 A worker answers SIGURG from its rank by writing its main thread's stack into a file the rank reads
 (training/job/forked.py has every DataLoader worker's signal thread answer it). SIGURG because a process that did not
@@ -19,8 +20,9 @@ from training.private_api import main_thread_stack
 ASK = signal.SIGURG
 FRAMES = 12  # the innermost frames of a stack that a report shows
 ANSWER_SECONDS = 0.5
-# Frames of a worker that reads a sample: torch's fetch, which calls the dataset. An idle one waits for indices.
-READING = "torch/utils/data/_utils/fetch.py"
+# Where an idle worker waits for its rank's next indices: the line of torch's worker loop
+# (torch/utils/data/_utils/worker.py) that tests/test_forked.py sees in the idle workers of torch's release.
+IDLE = "index_queue.get("
 
 
 def stack_file(pid: int) -> Path:
@@ -46,9 +48,9 @@ def data_workers() -> list[int]:
     return found
 
 
-def reading_workers() -> dict[int, list[str]]:
-    """The stacks of this process's DataLoader workers that are reading a sample, by pid: those that answered within
-    ANSWER_SECONDS."""
+def busy_workers() -> dict[int, list[str] | None]:
+    """This process's DataLoader workers that are not waiting for their next indices, by pid: the stack of each that
+    answered within ANSWER_SECONDS (reading a sample, in a ``worker_init_fn``, ...), None for each that did not."""
     asked = []
     for pid in data_workers():
         with contextlib.suppress(ProcessLookupError):
@@ -64,4 +66,4 @@ def reading_workers() -> dict[int, list[str]]:
                 stack_file(pid).unlink()
                 asked.remove(pid)
         time.sleep(0.02)
-    return {pid: stack for pid, stack in stacks.items() if READING in "".join(stack)}
+    return {pid: stack for pid, stack in stacks.items() if IDLE not in "".join(stack)} | dict.fromkeys(asked)
