@@ -13,11 +13,14 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Looked up as this module is imported: a DataLoader worker calls it right after the fork (training/job/forked.py),
+# where looking it up would need the dynamic loader's lock, which another thread of its rank may have held at the fork.
+PRCTL = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def signal_when_parent_ends(signum: int) -> None:
     """Have Linux send this process ``signum`` once the thread that started it ends (training/job/forked.py too)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+    PRCTL(PR_SET_PDEATHSIG, signum)
 
 
 def main(argv: list[str]) -> None:
