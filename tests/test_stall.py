@@ -2,17 +2,20 @@
 (training/heartbeat/stall.py), and what the node logs say of it."""
 
 import os
+import signal
 import sysconfig
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
-from training.heartbeat import why_stopped
+from training.heartbeat import why_stopped, worker_stacks
 from training.heartbeat.stall import SILENT, Activity, own_frame, stalled
+from training.job.launched import PRCTL
 from training.private_api import main_thread_stack
 
 IN_DATASET = ['  File "/home/me/my_pkg/data.py", line 42, in __getitem__\n    return self.read(index)\n']
@@ -120,6 +123,29 @@ def test_a_dataloader_worker_that_does_not_answer_is_named_by_its_pid_and_no_sta
     paragraph = why_stopped.stalled(silent, "training", "stall_timeout (0:05:00)", "TAIL")
     assert f"collective. Its DataLoader worker (pid 4321) was in {SILENT}; every node's log" in paragraph
     assert "selectors" not in report + paragraph
+
+
+def test_only_live_dataloader_workers_are_asked_where_they_are():
+    def child(ends: bool) -> int:  # a process named as torch names its DataLoader workers
+        pid = os.fork()
+        if pid == 0:
+            PRCTL(15, b"pt_data_worker")  # PR_SET_NAME
+            if not ends:
+                signal.pause()  # until the test kills it
+            os._exit(0)
+        return pid
+
+    live, ended = child(ends=False), child(ends=True)
+    try:
+        while Path(f"/proc/{ended}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)  # ended, not waited for yet: it could never answer
+        while "(pt_data_worker)" not in Path(f"/proc/{live}/stat").read_text():
+            time.sleep(0.01)
+        assert worker_stacks.data_workers() == [live]
+    finally:
+        os.kill(live, signal.SIGKILL)
+        for pid in (live, ended):
+            os.waitpid(pid, 0)
 
 
 def loop(ready: int) -> SimpleNamespace:

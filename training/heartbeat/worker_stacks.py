@@ -38,12 +38,14 @@ def answer() -> None:
 
 
 def data_workers() -> list[int]:
-    """The pids of this process's DataLoader workers (torch names them pt_data_worker)."""
+    """The pids of this process's live DataLoader workers (torch names them pt_data_worker); one that has ended and
+    not been waited for yet could never answer."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):  # ended meanwhile
             name, fields = (entry / "stat").read_text().rsplit(")", 1)
-            if int(fields.split()[1]) == os.getpid() and name.endswith("(pt_data_worker"):
+            state, parent = fields.split()[:2]
+            if int(parent) == os.getpid() and name.endswith("(pt_data_worker") and state != "Z":
                 found.append(int(entry.name))
     return found
 
