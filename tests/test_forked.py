@@ -49,9 +49,10 @@ def hold_while_starting(worker_id):  # a worker_init_fn that connects to a dead 
     while STARTING.exists():
         threading.Event().wait(0.01)
 
-def ask_while_waiting(asked, release):  # what a stall report finds once the main thread waits for a worker
+def ask_while_waiting(asked, release, until):  # what a stall report finds once the main thread waits for a worker
     found, deadline = {}, time.monotonic() + 120  # then the test fails on what was found
-    while "worker" not in found and time.monotonic() < deadline:
+    # Asked again, as each heartbeat asks, until the worker got to where it blocks: a new one is starting at first.
+    while until not in found.get("place", "") and time.monotonic() < deadline:
         threading.Event().wait(0.01)
         stack = main_thread_stack(12)
         found = where(stack) if WAITS_FOR_DATA in "".join(stack) else {}
@@ -59,9 +60,9 @@ def ask_while_waiting(asked, release):  # what a stall report finds once the mai
     release()
     asked.set()
 
-def stall(batches, release):
+def stall(batches, release, until):
     asked = threading.Event()
-    threading.Thread(target=ask_while_waiting, args=(asked, release)).start()
+    threading.Thread(target=ask_while_waiting, args=(asked, release, until)).start()
     while not asked.is_set():
         next(batches)
 
@@ -74,14 +75,14 @@ print(json.dumps({"worker": worker, "pool": pooled, "rank": report()}), flush=Tr
 for line in sys.stdin:
     if line == "stall\\n":  # the worker's reads hang
         HOLD.touch()
-        stall(batches, HOLD.unlink)
+        stall(batches, HOLD.unlink, "__getitem__")
     elif line == "starting\\n":  # another loader's worker hangs before its first read; the first one is idle
         STARTING.touch()
         starting = DataLoader(Reports(), num_workers=1, batch_size=None, worker_init_fn=hold_while_starting)
-        stall(iter(starting), STARTING.unlink)
+        stall(iter(starting), STARTING.unlink, "hold_while_starting")
     elif line == "stopped\\n":  # the worker stopped, as one stuck in C code that holds Python's lock is
         os.kill(worker[0], signal.SIGSTOP)
-        stall(batches, lambda: os.kill(worker[0], signal.SIGCONT))
+        stall(batches, lambda: os.kill(worker[0], signal.SIGCONT), "did not answer")
     else:
         print(json.dumps(next(batches).tolist()), flush=True)
 """
