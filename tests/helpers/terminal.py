@@ -4,6 +4,7 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import termios
 import threading
 from pathlib import Path
@@ -20,10 +21,13 @@ class Terminal:
         self.reader.start()
 
     def take_control(self) -> None:
-        """In the new process, a session leader: the terminal becomes its controlling terminal and standard streams."""
+        """In the new process, a session leader: the terminal becomes its controlling terminal and standard streams.
+        SIGHUP does what it does in a job a terminal's shell starts, even where the tests run under ``nohup``, whose
+        ignored SIGHUP the job would otherwise inherit and keep (training/job/early.py keeps an ignored signal)."""
         fcntl.ioctl(self.slave, termios.TIOCSCTTY, 0)
         for fd in (0, 1, 2):
             os.dup2(self.slave, fd)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     def copy(self) -> None:
         while not self.closed.is_set():
