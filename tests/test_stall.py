@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
+from tests.helpers.one_node import wait_gone
 from training.heartbeat import why_stopped, worker_stacks
 from training.heartbeat.stall import SILENT, Activity, own_frame, stalled
 from training.job.launched import PRCTL
@@ -137,8 +138,7 @@ def test_only_live_dataloader_workers_are_asked_where_they_are():
 
     live, ended = child(ends=False), child(ends=True)
     try:
-        while Path(f"/proc/{ended}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-            time.sleep(0.01)  # ended, not waited for yet: it could never answer
+        wait_gone(ended, within=60)  # ended, not waited for yet (a zombie): it could never answer
         while "(pt_data_worker)" not in Path(f"/proc/{live}/stat").read_text():
             time.sleep(0.01)
         assert worker_stacks.data_workers() == [live]
