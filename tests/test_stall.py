@@ -3,6 +3,7 @@
 
 import os
 import signal
+import sys
 import sysconfig
 import threading
 import time
@@ -10,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 
@@ -31,6 +33,9 @@ IN_LOADER = [
     f'  File "{TORCH}/utils/data/dataloader.py", line 1285, in _get_data\n',
     f'  File "{STDLIB}/selectors.py", line 415, in select\n',
 ]
+# Set as a fork begins: the before-fork hooks run latest-registered first, so this one runs before the template's.
+FORKING = threading.Event()
+os.register_at_fork(before=FORKING.set)
 
 
 def beat(rank: int, batches: int, stack: list[str], quiet: float = 200.0, stage: str = "train") -> dict:
@@ -186,3 +191,35 @@ def test_the_main_threads_stack_is_read_from_another_thread():
     reader.start()
     reader.join()
     assert "test_the_main_threads_stack_is_read_from_another_thread" in "".join(found)
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
+def test_a_fork_waits_until_a_read_of_the_main_threads_stack_ends(monkeypatch):
+    """CPython before 3.11.10 reads the threads' frames holding its runtime's lock, which a DataLoader worker forked
+    during the read inherits held, and hangs on (gh-112275: 4 of 3,000 forks beside a thread reading frames, here).
+    A read that waits until a fork has begun stands in for it: the fork must still come after the read."""
+    reading, release, read = threading.Event(), threading.Event(), threading.Event()
+    real = sys._current_frames
+
+    def slow_read():
+        reading.set()
+        release.wait()
+        frames = real()
+        read.set()
+        return frames
+
+    monkeypatch.setattr(sys, "_current_frames", slow_read)
+    reader = threading.Thread(target=main_thread_stack, args=(12,))
+    reader.start()
+    reading.wait()
+    FORKING.clear()
+    releaser = threading.Thread(target=lambda: FORKING.wait() and release.set())
+    releaser.start()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forked_after_the_read = read.is_set()  # without the wait, the reader cannot finish: this thread holds the GIL
+    os.waitpid(pid, 0)
+    reader.join()
+    releaser.join()
+    assert forked_after_the_read

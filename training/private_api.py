@@ -6,6 +6,7 @@ naming the use and both versions, when an upgrade takes one away. Everything els
 from here, so an upgrade is checked in one place.
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -155,6 +156,15 @@ def is_data_loader_worker(process: BaseProcess) -> bool:
     return getattr(process, "_target", None) is _worker_loop
 
 
+# A fork waits for a read of the threads' frames to end. CPython before 3.11.10 reads them holding its runtime's lock,
+# and a garbage collection during the read can run Python code and hand over the GIL: a DataLoader worker forked then
+# inherits the lock held and hangs before it runs a line, and never ends with its rank (CPython gh-112275).
+READING_FRAMES = threading.Lock()
+os.register_at_fork(
+    before=READING_FRAMES.acquire, after_in_parent=READING_FRAMES.release, after_in_child=READING_FRAMES.release
+)
+
+
 def main_thread_stack(frames: int) -> list[str]:
     """The innermost ``frames`` frames of the main thread's Python stack, as traceback prints them, read from another
     thread while the main thread may wait in C.
@@ -163,7 +173,8 @@ def main_thread_stack(frames: int) -> list[str]:
     ``sys._current_frames`` (documented, with a leading underscore all the same), which this template checked with
     CPython 3.11 and 3.12.
     """
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    with READING_FRAMES:
+        frame = sys._current_frames().get(threading.main_thread().ident)
     return traceback.format_stack(frame)[-frames:] if frame is not None else []
 
 

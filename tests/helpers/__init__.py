@@ -132,10 +132,22 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+# Ports for the tests' jobs and servers come from below the kernel's ephemeral range (32768 and up), which the
+# clients' own connections draw from, each worker of pytest-xdist from a block of its own, each port once: a port the
+# kernel hands out for port 0 is free only until the next test in another worker asks for one.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_PORTS = iter(range(20000 + 1000 * (_WORKER % 12), 21000 + 1000 * (_WORKER % 12)))
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    for port in _PORTS:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # a server of this machine's, or a port of this worker's still in TIME_WAIT
+            return port
+    raise AssertionError(f"pytest worker {_WORKER} used up its block of ports")
 
 
 def launcher_env(**settings: str) -> dict[str, str]:
