@@ -35,7 +35,8 @@ WAITS_FOR_DATA = "torch/utils/data/dataloader.py"
 # Where a DataLoader worker that did not answer is: its signal thread, which answers, did not get to run.
 SILENT = (
     f"a place it did not say (it did not answer within {worker_stacks.ANSWER_SECONDS} s: stopped, or blocked in C code "
-    "that holds Python's lock, such as a lock it inherited as it was forked)"
+    "that holds Python's lock, such as a lock it inherited as it was forked: docs/versions.md names the Pythons that "
+    "do that)"
 )
 STAGES = {
     "train": "training",
