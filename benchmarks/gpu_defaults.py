@@ -22,9 +22,9 @@ The last line::
 
     gpu defaults against Lightning's defaults: X.XXx step time (rounds X.XX-X.XX), exact match X.XXX against X.XXX
 
---quick trains the small model of benchmarks/bench.py --quick for a few steps in one round: the plumbing, on CPU too
-(where the loader settings change nothing: no workers by device, nothing to pin). The results go to
-DIR/gpu_defaults.json (default benchmarks/results).
+--quick trains the small model of benchmarks/bench.py --quick for a few steps in one round: the plumbing, on CPU too.
+On CPU ``+workers`` and ``+pinned`` are not run: the loader settings change nothing there (no workers by device,
+nothing to pin), so each would be plain again. The results go to DIR/gpu_defaults.json (default benchmarks/results).
 """
 
 import argparse
@@ -55,14 +55,17 @@ CHOICES = {
     ),
     "pinned": ("data.pin_memory", ("--data.init_args.pin_memory=false",)),
 }
+LOADER_CHOICES = ("workers", "pinned")  # the same as plain on CPU
 
 
-def side_flags() -> dict[str, tuple[str, ...]]:
-    """Each side's flags over the configs: all of CHOICES' for plain, none for the GPU defaults, all but one's."""
+def side_flags(accelerator: str) -> dict[str, tuple[str, ...]]:
+    """Each side's flags over the configs: all of CHOICES' for plain, none for the GPU defaults, all but one's; on
+    CPU, no side for a loader choice."""
     plain = {name: flags for name, (_, flags) in CHOICES.items()}
     sides = {"plain": sum(plain.values(), ()), "gpu defaults": ()}
     for name in CHOICES:
-        sides[f"+{name}"] = sum((flags for other, flags in plain.items() if other != name), ())
+        if accelerator == "gpu" or name not in LOADER_CHOICES:
+            sides[f"+{name}"] = sum((flags for other, flags in plain.items() if other != name), ())
     return sides
 
 
@@ -83,7 +86,7 @@ def describe(settings: dict) -> str:
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, list[dict]]:
     """Every side's records, one per round, the sides taking turns to go first."""
-    sides = side_flags()
+    sides = side_flags(args.accelerator)
     records: dict[str, list[dict]] = {side: [] for side in sides}
     for round_ in range(args.rounds):
         turn = round_ % len(sides)
@@ -163,7 +166,10 @@ def main() -> None:
         f"seq2seq, 1 process, {args.accelerator}: {device_name(args.accelerator)}, torch {torch.__version__}; "
         f"{args.steps} steps ({args.warmup} warm-up), {args.rounds} round{'s' * (args.rounds > 1)}"
     )
-    print(f"{len(side_flags())} sides, {args.rounds} round(s) of {args.steps} steps each:", flush=True)
+    sides = len(side_flags(args.accelerator))
+    print(f"{sides} sides, {args.rounds} round(s) of {args.steps} steps each:", flush=True)
+    if args.accelerator == "cpu":
+        print("  not run on cpu: +workers and +pinned, the same as plain there (no workers by device, nothing to pin)")
     with tempfile.TemporaryDirectory() as directory:
         try:
             records = measure(args, Path(directory))

@@ -114,12 +114,14 @@ def test_the_gpus_a_run_takes_are_the_ones_checked(monkeypatch, one_old_gpu):
 def test_each_side_of_the_benchmark_differs_from_plain_in_one_choice_alone():
     from benchmarks.gpu_defaults import CHOICES, side_flags
 
-    sides = side_flags()
+    sides = side_flags("gpu")
     plain = set(sides["plain"])
     assert sides["gpu defaults"] == ()
     assert set(sides) == {"plain", "gpu defaults", *(f"+{name}" for name in CHOICES)}
     for name, (_, flags) in CHOICES.items():
         assert plain - set(sides[f"+{name}"]) == set(flags), name
+    # On CPU the loader choices change nothing: their sides would be plain again.
+    assert side_flags("cpu") == {side: flags for side, flags in sides.items() if side not in ("+workers", "+pinned")}
 
 
 def test_a_side_times_the_span_of_its_steps_after_warm_up():
@@ -156,7 +158,8 @@ def quick_benchmark(out, accelerator: str) -> tuple[dict[str, str], dict[str, di
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines()[-2].startswith("gpu defaults against Lightning's defaults: ")
     sides = json.loads((out / "gpu_defaults.json").read_text())["sides"]
-    assert set(sides) == {"plain", "gpu defaults", "+bf16", "+tf32", "+fused", "+workers", "+pinned"}
+    loader_sides = {"+workers", "+pinned"} if accelerator == "gpu" else set()
+    assert set(sides) == {"plain", "gpu defaults", "+bf16", "+tf32", "+fused", *loader_sides}
     for row in sides.values():
         assert row["step_ms"] > 0 and 0 <= row["exact_match"] <= 1
     # The rows: each side's name right-aligned in the first 14 characters.
@@ -185,6 +188,7 @@ def test_the_quick_benchmark_prints_every_side_with_the_settings_it_had_and_the_
         assert had["num_workers"] == 0, side
         assert describe(had) in rows[side], rows.get(side)
     assert "plain" in rows["plain"] and "32-true, matmul highest, unfused AdamW, 0 workers, pageable" in rows["plain"]
+    assert any("not run on cpu: +workers and +pinned, the same as plain there" in line for line in rows.values())
 
 
 @needs_gpus(1)

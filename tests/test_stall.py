@@ -124,7 +124,8 @@ def test_a_dataloader_worker_that_does_not_answer_is_named_by_its_pid_and_no_sta
     assert report.split("in a collective. ")[1] == (
         "Its main thread waits for its DataLoader worker (pid 4321), which is in a place it did not say (it did not "
         "answer within 0.5 s: stopped, or blocked in C code that holds Python's lock, such as a lock it inherited as "
-        "it was forked: docs/versions.md names the Pythons that do that).\nThe job stops once it has made none for trainer.strategy.init_args.stall_timeout (0:05:00)."
+        "it was forked: docs/versions.md names the Pythons that do that).\nThe job stops once it has made none for "
+        "trainer.strategy.init_args.stall_timeout (0:05:00)."
     )
     paragraph = why_stopped.stalled(silent, "training", "stall_timeout (0:05:00)", "TAIL")
     assert f"collective. Its DataLoader worker (pid 4321) was in {SILENT}; every node's log" in paragraph
