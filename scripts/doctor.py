@@ -48,7 +48,7 @@ def say(status: str, text: str) -> None:
 def check_node(args: argparse.Namespace) -> bool:
     """The checks of this machine alone; False when training could not run here."""
     say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
-    for note in versions.newer_than_tested():
+    for note in versions.newer_than_tested() + versions.known_bugs():
         say("note", note.removeprefix("note: "))
     healthy = True
     if args.accelerator == "gpu":

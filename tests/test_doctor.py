@@ -85,6 +85,8 @@ def test_two_healthy_nodes_pass_with_a_row_per_process(healthy):
             assert f"ok    {name} on 4 processes (gloo)" in output
     assert "WARN" not in master
     assert master.rstrip().endswith("ok    the doctor found nothing wrong")
+    # A note, not a failure, on a Python whose forks can hang (training/job/versions.py's known_bugs).
+    assert ("note  Python 3.11." in master and "gh-112275" in master) == (sys.version_info < (3, 11, 10))
 
 
 @pytest.mark.distributed

@@ -128,6 +128,17 @@ def newer_than_tested() -> list[str]:
     ]
 
 
+def known_bugs(python: tuple[int, ...] = sys.version_info[:3]) -> list[str]:
+    """One line for each bug of this node's releases that training can meet, for the doctor (docs/versions.md)."""
+    if python >= (3, 11, 10):
+        return []
+    return [
+        f"note: Python {'.'.join(map(str, python))} can leave a process forked beside a thread, such as a DataLoader "
+        "worker, stuck before its first line (CPython gh-112275, fixed in 3.11.10): the stall report names it as a "
+        "worker that did not answer. docs/versions.md says what the template does about it."
+    ]
+
+
 def check(notes: bool = True) -> None:
     """Exit with status 2 and the refusal; else go on, with the ``notes`` of newer releases said by a node's first
     process."""
