@@ -197,8 +197,8 @@ def test_the_main_threads_stack_is_read_from_another_thread():
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
 def test_a_fork_waits_until_a_read_of_the_main_threads_stack_ends(monkeypatch):
     """CPython before 3.11.10 reads the threads' frames holding its runtime's lock, which a DataLoader worker forked
-    during the read inherits held, and hangs on (gh-112275: 4 of 3,000 forks beside a thread reading frames, here).
-    A read that waits until a fork has begun stands in for it: the fork must still come after the read."""
+    during the read inherits held, and hangs on (gh-112275), now and then. A read that waits until a fork has begun
+    stands in for that: the fork must still come after the read."""
     reading, release, read = threading.Event(), threading.Event(), threading.Event()
     real = sys._current_frames
 

@@ -41,7 +41,7 @@ def test_the_lock_is_inside_the_supported_range_and_not_newer_than_tested():
 
 
 def test_the_pythons_whose_forks_can_hang_are_named_for_the_doctor():
-    (note,) = versions.known_bugs((3, 11, 2))  # Debian 12's
+    (note,) = versions.known_bugs((3, 11, 2))
     assert note.startswith("note: Python 3.11.2 can leave a process forked beside a thread") and "gh-112275" in note
     assert versions.known_bugs((3, 11, 10)) == versions.known_bugs((3, 12, 1)) == []
 
