@@ -35,14 +35,19 @@ def test_a_csv_run_keeps_every_attempts_rows_and_evaluations_log_beside_them(run
     run = tmp_path / "logs" / "toy" / "default"
     first = rows(run / "metrics.csv")
     assert {row["epoch"] for row in first} == {"0", "1"}
-    # 4 steps and a validation per epoch; training.StepTime's figures in rows of their own, of the steps after the first
+    # 4 steps and a validation per epoch; training.StepTime's figures in rows of their own, of the steps after each
+    # epoch's first, but for a step the machine held up for over 10 times the median step, which it leaves out as it
+    # leaves out a step that compiles (a busy machine's hiccup in a step of a few ms).
     timing = [row for row in first if row["timing/node0/step_ms"]]
-    assert len(first) - len(timing) == 10 and [row["step"] for row in timing] == ["1", "2", "3", "5", "6", "7"]
+    assert len(first) - len(timing) == 10 and {row["step"] for row in timing} <= {"1", "2", "3", "5", "6", "7"}
+    assert len(timing) == len({row["step"] for row in timing}) > 0
 
     run_cli("fit", *args, *train, "--trainer.max_epochs=3")  # the same run, resumed for one epoch more
     resumed = rows(run / "metrics.csv")
     assert resumed[: len(first)] == first, "the resumed attempt rewrote what the first one logged"
-    assert {row["epoch"] for row in resumed[len(first) :]} == {"2"} and len(resumed) == len(first) + 5 + 3
+    added = resumed[len(first) :]
+    assert {row["epoch"] for row in added} == {"2"}
+    assert len([row for row in added if not row["timing/node0/step_ms"]]) == 5 and len(added) <= 5 + 3
 
     for subcommand in ("validate", "test", "predict"):
         run_cli(subcommand, *args)
