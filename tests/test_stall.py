@@ -1,6 +1,7 @@
 """Which process of a job is stalled, in training, validation, test or predict, from the heartbeats every process sends
 (training/heartbeat/stall.py), and what the node logs say of it."""
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from tests.helpers.one_node import wait_gone
 from training.heartbeat import why_stopped, worker_stacks
 from training.heartbeat.stall import SILENT, Activity, own_frame, stalled
+from training.job.forked import end_children_now
 from training.job.launched import PRCTL
 from training.private_api import main_thread_stack
 
@@ -36,6 +38,14 @@ IN_LOADER = [
 # Set as a fork begins: the before-fork hooks run latest-registered first, so this one runs before the template's.
 FORKING = threading.Event()
 os.register_at_fork(before=FORKING.set)
+# Set, a child forked hangs where one forked on Python before 3.11.10 can (docs/versions.md): before multiprocessing's
+# own after-fork functions run, end_with_parent among them, and deaf to SIGTERM.
+HANG_IN_FORK = threading.Event()
+os.register_at_fork(
+    after_in_child=lambda: (
+        HANG_IN_FORK.is_set() and (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}), threading.Event().wait())
+    )
+)
 
 
 def beat(rank: int, batches: int, stack: list[str], quiet: float = 200.0, stage: str = "train") -> dict:
@@ -224,3 +234,16 @@ def test_a_fork_waits_until_a_read_of_the_main_threads_stack_ends(monkeypatch):
     reader.join()
     releaser.join()
     assert forked_after_the_read
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
+def test_a_child_that_hung_in_its_fork_ends_with_its_process_when_that_ends_at_once():
+    HANG_IN_FORK.set()
+    try:
+        child = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,), daemon=True)
+        child.start()
+    finally:
+        HANG_IN_FORK.clear()
+    end_children_now()  # what a process does before os._exit: a stall's or a lost node's stop, a second Ctrl-C
+    child.join(timeout=120)
+    assert child.exitcode == -signal.SIGKILL

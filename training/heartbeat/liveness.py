@@ -26,6 +26,7 @@ from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
 from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.heartbeat.verdicts import Verdicts
+from training.job.forked import end_children_now
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
 from training.job.store import connect
 
@@ -167,6 +168,7 @@ class Liveness(Verdicts):
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
         if self.node is not None:
             end_later()
+        end_children_now()
         os._exit(EXIT_STATUS)
 
     def _all_stopping(self) -> bool:

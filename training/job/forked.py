@@ -11,6 +11,7 @@ multiprocessing end workers that way (at the rank's exit, it waits for them). A 
 signals' usual effect: ``Pool.terminate`` ends its workers with SIGTERM. A worker also tells its rank where it is,
 when the rank asks for a stall report (training/heartbeat/worker_stacks.py)."""
 
+import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
@@ -61,3 +62,12 @@ def end_forked_with_this_process() -> None:
     its DataLoader workers answer when asked for their stacks."""
     multiprocessing.util.register_after_fork(REGISTRATION, end_with_parent)
     REGISTRATION.registered = True
+
+
+def end_children_now() -> None:
+    """SIGKILL every process multiprocessing forked from this one, as this one ends at once (``os._exit``): those that
+    ran ``end_with_parent`` would get it as it ends anyway; one that hung in its fork before it (docs/versions.md)
+    never did, takes no SIGTERM, and would outlive it."""
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(OSError):
+            child.kill()
