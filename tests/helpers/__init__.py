@@ -136,7 +136,8 @@ def copy_project(dest: Path) -> Path:
 # clients' own connections draw from, each worker of pytest-xdist from a block of its own, each port once: a port the
 # kernel hands out for port 0 is free only until the next test in another worker asks for one.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
-_PORTS = iter(range(20000 + 1000 * (_WORKER % 12), 21000 + 1000 * (_WORKER % 12)))
+_FIRST_PORT = 20000 + 1000 * (_WORKER % 12)
+_PORTS = iter(range(_FIRST_PORT, _FIRST_PORT + 1000))
 
 
 def free_port() -> int:
