@@ -19,7 +19,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from tests.helpers.one_node import wait_gone
 from training.heartbeat import why_stopped, worker_stacks
 from training.heartbeat.stall import SILENT, Activity, own_frame, stalled
-from training.job.forked import end_children_now
+from training.job.forked import exit_at_once
 from training.job.launched import PRCTL
 from training.private_api import main_thread_stack
 
@@ -41,11 +41,15 @@ os.register_at_fork(before=FORKING.set)
 # Set, a child forked hangs where one forked on Python before 3.11.10 can (docs/versions.md): before multiprocessing's
 # own after-fork functions run, end_with_parent among them, and deaf to SIGTERM.
 HANG_IN_FORK = threading.Event()
-os.register_at_fork(
-    after_in_child=lambda: (
-        HANG_IN_FORK.is_set() and (signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}), threading.Event().wait())
-    )
-)
+
+
+def hang_if_asked() -> None:
+    if HANG_IN_FORK.is_set():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Event().wait()
+
+
+os.register_at_fork(after_in_child=hang_if_asked)
 
 
 def beat(rank: int, batches: int, stack: list[str], quiet: float = 200.0, stage: str = "train") -> dict:
@@ -237,13 +241,16 @@ def test_a_fork_waits_until_a_read_of_the_main_threads_stack_ends(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork")
-def test_a_child_that_hung_in_its_fork_ends_with_its_process_when_that_ends_at_once():
+def test_a_child_that_hung_in_its_fork_ends_with_its_process_when_that_ends_at_once(monkeypatch):
     HANG_IN_FORK.set()
     try:
         child = multiprocessing.get_context("fork").Process(target=os._exit, args=(0,), daemon=True)
         child.start()
     finally:
         HANG_IN_FORK.clear()
-    end_children_now()  # what a process does before os._exit: a stall's or a lost node's stop, a second Ctrl-C
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)  # this test's process goes on
+    exit_at_once(1)  # how a stall's or a lost node's stop, or a second Ctrl-C, ends a process
     child.join(timeout=120)
     assert child.exitcode == -signal.SIGKILL
+    assert exits == [1]

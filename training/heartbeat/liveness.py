@@ -26,7 +26,7 @@ from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
 from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.heartbeat.verdicts import Verdicts
-from training.job.forked import end_children_now
+from training.job.forked import exit_at_once
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
 from training.job.store import connect
 
@@ -168,8 +168,7 @@ class Liveness(Verdicts):
             print(f"\nerror: {paragraph}", file=sys.stderr, flush=True)
         if self.node is not None:
             end_later()
-        end_children_now()
-        os._exit(EXIT_STATUS)
+        exit_at_once(EXIT_STATUS)
 
     def _all_stopping(self) -> bool:
         """Whether every other process has been heard and has stopped running, or has been silent for a while (lost:

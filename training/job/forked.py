@@ -64,10 +64,11 @@ def end_forked_with_this_process() -> None:
     REGISTRATION.registered = True
 
 
-def end_children_now() -> None:
-    """SIGKILL every process multiprocessing forked from this one, as this one ends at once (``os._exit``): those that
-    ran ``end_with_parent`` would get it as it ends anyway; one that hung in its fork before it (docs/versions.md)
-    never did, takes no SIGTERM, and would outlive it."""
+def exit_at_once(status: int) -> None:
+    """End this process now (``os._exit``), SIGKILLing every process multiprocessing forked from it first: those that
+    ran ``end_with_parent`` would get it as this one ends anyway; one that hung in its fork before it
+    (docs/versions.md) never did, takes no SIGTERM, and would outlive it."""
     for child in multiprocessing.active_children():
         with contextlib.suppress(OSError):
             child.kill()
+    os._exit(status)

@@ -28,7 +28,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 
 from training.job.early import not_ignored
-from training.job.forked import end_children_now
+from training.job.forked import exit_at_once
 from training.job.node_processes import speaks_for_node
 from training.job.startup import Stopped
 from training.private_api import before_lightning_takes_signals
@@ -166,8 +166,7 @@ class StopRequests:
                 file=sys.__stderr__,
                 flush=True,
             )
-        end_children_now()
-        os._exit(EXIT_STATUS[signal.SIGINT])
+        exit_at_once(EXIT_STATUS[signal.SIGINT])
 
     def stop(self, signum: int) -> None:
         # Any later signal changes nothing: Lightning's teardown gives the signals back the handlers they had when
