@@ -28,7 +28,7 @@ from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.heartbeat.verdicts import Verdicts
 from training.job.forked import exit_at_once
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
-from training.job.store import connect
+from training.job.store import address_towards, connect
 
 PREFIX = "liveness"
 EXIT_STATUS = 1
@@ -266,13 +266,3 @@ class Liveness(Verdicts):
             if what != SAVING_A_CHECKPOINT:
                 limit = f"stall_timeout ({self.stall_timeout})"
                 self.stop_job(why_stopped.stalled(beats[rank], what, limit, self._tail(None)))
-
-
-def address_towards(host: str, port: int) -> str:
-    """This machine's address on the way to ``host`` (no packet is sent), or "" if there is no route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, port))
-            return probe.getsockname()[0]
-    except OSError:
-        return ""

@@ -101,3 +101,13 @@ def attempt_prefix() -> str | None:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     return f"attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on the way to ``host`` (no packet is sent), or "" if there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))
+            return probe.getsockname()[0]
+    except OSError:
+        return ""

@@ -14,7 +14,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch.nn.parallel import DistributedDataParallel
 
-from training.heartbeat.liveness import address_towards
+from training.job.store import address_towards
 from training.private_api import logging_step
 from training.step_time.clocks import Clock, CpuClock, CudaClock, GradientsReady, Step
 from training.step_time.figures import COMPILING, FIELDS, PARTS, Node, SlowNodeWatch, paragraph, per_node, summary
