@@ -1,10 +1,10 @@
 """The doctor's checks in Python, started on every node by scripts/doctor.sh once the network checks pass.
 
-This node: versions, GPUs against the GPU list, /dev/shm. Then one process per device joins the job's
-start-up handshake (the one training uses), so the master prints a row per process (with its usable cores
-and threads) and names every difference; each node warns of more threads than cores (scripts/cpu_check.py);
+This node: versions, GPUs against the GPU list, /dev/shm (scripts/node_check.py). Then one process per device
+joins the job's start-up handshake (the one training uses), so the master prints a row per process (with its
+usable cores and threads) and names every difference; each node warns of more threads than cores (scripts/cpu_check.py);
 the processes then form a process group with a short timeout and verify the collectives that data-parallel
-training uses, and optionally measure their bandwidth (scripts/comm_bench.py).
+training uses (scripts/collective_check.py), and optionally measure their bandwidth (scripts/comm_bench.py).
 """
 
 import argparse
@@ -28,138 +28,16 @@ import torch.multiprocessing as mp
 import yaml
 from torch.distributed import PrefixStore, TCPStore
 
-from scripts import comm_bench, cpu_check, gpu_check
+from scripts import comm_bench, cpu_check
+from scripts.collective_check import check_collectives
+from scripts.node_check import check_node, say
 from training.config import cli
-from training.config.gpu_support import driver_version
 from training.config.network import node_rank_problem
-from training.job import versions
 from training.job.fingerprint import code_digest, config_items, items_digest
 from training.job.roster import Member, describe
 from training.job.startup import StartupError, handshake, refuse
 
-MIN_SHM_BYTES = 512 << 20
 COLLECTIVE_TIMEOUT = timedelta(seconds=60)
-
-
-def say(status: str, text: str) -> None:
-    print(f"{status:<5} {text}", flush=True)
-
-
-def check_node(args: argparse.Namespace) -> bool:
-    """The checks of this machine alone; False when training could not run here."""
-    say("ok", f"python {platform.python_version()}, torch {torch.__version__}, lightning {lightning.__version__}")
-    for note in versions.newer_than_tested() + versions.known_bugs():
-        say("note", note.removeprefix("note: "))
-    healthy = True
-    if args.accelerator == "gpu":
-        if why := gpu_check.problem(args.nproc):
-            say("FAIL", why)
-            return False
-        visible = torch.cuda.device_count()
-        names = ", ".join(torch.cuda.get_device_name(i) for i in range(visible))
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        build = f"NVIDIA driver {driver_version() or 'unknown'}, CUDA {torch.version.cuda}, NCCL {nccl}"
-        say("ok", f"{build}; {visible} visible GPU(s): {names}")
-    else:
-        say("ok", f"{args.nproc} CPU process(es) on gloo")
-    shm = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
-    if shm is None or shm.f_blocks * shm.f_frsize < MIN_SHM_BYTES:
-        size = f"{shm.f_blocks * shm.f_frsize >> 20} MiB" if shm else "missing"
-        say(
-            "FAIL",
-            f"/dev/shm is {size}: DataLoader workers pass batches through it and fail with a bus error. "
-            "In Docker run with --ipc host or --shm-size 16g.",
-        )
-        healthy = False
-    else:
-        say("ok", f"/dev/shm has {shm.f_blocks * shm.f_frsize >> 20} MiB")
-    return healthy
-
-
-def ring(rank: int, world: int, device: torch.device) -> torch.Tensor:
-    """Send this rank's number to the next rank and receive the previous rank's: what arrived.
-
-    Send and receive go as one batch. NCCL runs a lone send or receive as an operation of its own, in order on
-    the device, and a send completes only once its peer receives: were every rank to send before it
-    receives, each would wait on its own send until the timeout.
-    """
-    received = torch.full((3,), -1.0, device=device)
-    batch = [
-        dist.P2POp(dist.isend, torch.full((3,), float(rank), device=device), (rank + 1) % world),
-        dist.P2POp(dist.irecv, received, (rank - 1) % world),
-    ]
-    for request in dist.batch_isend_irecv(batch):
-        request.wait()
-    return received
-
-
-def check_collectives(rank: int, world: int, device: torch.device) -> dict[str, str]:
-    """Each collective data-parallel training uses, on small tensors of known result; name -> problem or ""."""
-    problems: dict[str, str] = {}
-
-    def full(value: float) -> torch.Tensor:
-        return torch.full((3,), float(value), device=device)
-
-    def expect(name: str, got: torch.Tensor, want: float) -> None:
-        if not torch.equal(got, full(want)):
-            problems[name] = f"rank {rank} got {got.tolist()}, expected {want}"
-
-    def run(name: str, check) -> None:
-        try:
-            check()
-        except Exception as error:  # a broken collective raises many kinds; the doctor reports them all
-            problems[name] = f"rank {rank}: {type(error).__name__}: {error}".splitlines()[0]
-        problems.setdefault(name, "")
-
-    def broadcast() -> None:
-        tensor = full(42 if rank == 0 else -1)
-        dist.broadcast(tensor, src=0)
-        expect("broadcast", tensor, 42)
-
-    def scatter() -> None:
-        received = full(-1)
-        dist.scatter(received, [full(r) for r in range(world)] if rank == 0 else None, src=0)
-        expect("scatter", received, rank)
-
-    def gather() -> None:
-        gathered = [full(-1) for _ in range(world)] if rank == 0 else None
-        dist.gather(full(rank), gathered, dst=0)
-        for source, tensor in enumerate(gathered or []):
-            expect("gather", tensor, source)
-
-    def reduce() -> None:
-        tensor = full(rank + 1)
-        dist.reduce(tensor, dst=0)
-        if rank == 0:
-            expect("reduce", tensor, world * (world + 1) / 2)
-
-    def all_gather() -> None:
-        gathered = [full(-1) for _ in range(world)]
-        dist.all_gather(gathered, full(rank))
-        for source, tensor in enumerate(gathered):
-            expect("all_gather", tensor, source)
-
-    def all_reduce() -> None:
-        tensor = full(rank + 1)
-        dist.all_reduce(tensor)
-        expect("all_reduce", tensor, world * (world + 1) / 2)
-
-    def send_recv() -> None:
-        expect("send/recv", ring(rank, world, device), (rank - 1) % world)
-
-    for name, check in [
-        ("broadcast", broadcast),
-        ("scatter", scatter),
-        ("gather", gather),
-        ("reduce", reduce),
-        ("all_gather", all_gather),
-        ("all_reduce", all_reduce),
-        ("send/recv", send_recv),
-    ]:
-        if name == "send/recv" and world == 1:
-            continue  # a process alone has no peer to send to (gloo cannot send to itself)
-        run(name, check)
-    return problems
 
 
 def cpu_key(member: Member) -> str:
@@ -167,39 +45,26 @@ def cpu_key(member: Member) -> str:
 
 
 def print_roster(members: list[Member], cpus: list[dict]) -> None:
-    columns = (
-        "rank",
-        "host",
-        "node",
-        "local",
-        "device",
-        "cores",
-        "threads",
-        "python",
-        "torch",
-        "lightning",
-        "code",
-        "config",
-    )
     rows = [
-        (
-            str(rank),
-            m.host,
-            str(m.node_rank),
-            str(m.local_rank),
-            m.device,
-            cpu_check.ranges(cpu["cores"]),
-            str(cpu["threads"]),
-            m.facts["python"],
-            m.facts["torch"],
-            m.facts["lightning"],
-            m.facts["project code"],
-            items_digest(m.facts["config"]),
-        )
+        {
+            "rank": str(rank),
+            "host": m.host,
+            "node": str(m.node_rank),
+            "local": str(m.local_rank),
+            "device": m.device,
+            "cores": cpu_check.ranges(cpu["cores"]),
+            "threads": str(cpu["threads"]),
+            "python": m.facts["python"],
+            "torch": m.facts["torch"],
+            "lightning": m.facts["lightning"],
+            "code": m.facts["project code"],
+            "config": items_digest(m.facts["config"]),
+        }
         for rank, (m, cpu) in enumerate(zip(members, cpus, strict=True))
     ]
-    widths = [max(len(value) for value in column) for column in zip(columns, *rows, strict=True)]
-    for row in (columns, *rows):
+    table = [list(rows[0]), *(list(row.values()) for row in rows)]
+    widths = [max(len(value) for value in column) for column in zip(*table, strict=True)]
+    for row in table:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths, strict=True)).rstrip(), flush=True)
 
 

@@ -195,7 +195,7 @@ def machine() -> list[str]:
     """The GPUs, driver and versions, read once the steps' packages are importable (the doctor needs them)."""
     import lightning
 
-    from scripts.doctor import driver_version
+    from training.config.gpu_support import driver_version
 
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     nccl = ".".join(map(str, torch.cuda.nccl.version()))

@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scripts import comm_bench, cpu_check
-from scripts.doctor import COLLECTIVE_TIMEOUT, check_collectives, ring
+from scripts.collective_check import check_collectives, ring
+from scripts.doctor import COLLECTIVE_TIMEOUT
 from scripts.doctor import main as doctor_main
 from tests.helpers import DDP_YAML, charts_path, copy_project, free_port, launcher_env, needs_gpus
 
