@@ -33,7 +33,7 @@ from training.job.fingerprint import checkpoint_fact, code_digest
 from training.job.node_processes import NodeProcesses
 from training.job.process_group import leave_process_group
 from training.job.roster import Member
-from training.job.startup import StartupError, handshake
+from training.job.startup import StartupError, handshake, started_outside_advice
 from training.job.store import connect
 from training.private_api import watch_started_processes
 
@@ -168,7 +168,7 @@ class DDPStrategy(SaveAgreement, ExactEvaluation, LightningDDPStrategy):
         # Each process resolved ckpt_path (``last`` included) on its own filesystem: all must have loaded one
         # and the same checkpoint, which also fits the model, before DDP copies rank 0's weights to the rest.
         mine = (
-            f"node {self.node_rank} ({socket.gethostname()})",
+            self._where(),
             checkpoint_fact(trainer.ckpt_path),
             self.checkpoint_problem,
         )
@@ -212,7 +212,10 @@ class DDPStrategy(SaveAgreement, ExactEvaluation, LightningDDPStrategy):
                 timeout=self.join_timeout,
                 address=f"{host}:{port}",
                 leader=self.global_rank == 0,
-                advice=self._started_outside_advice(),
+                advice=started_outside_advice(
+                    self.node_rank,
+                    self.local_rank_given if isinstance(self.cluster_environment, LightningEnvironment) else None,
+                ),
                 abandoned=self._abandoned,
             )
         except StartupError:
@@ -233,18 +236,6 @@ class DDPStrategy(SaveAgreement, ExactEvaluation, LightningDDPStrategy):
 
     def _abandoned(self) -> str:
         return self._node_processes().abandoned()
-
-    def _started_outside_advice(self) -> str:
-        # A LOCAL_RANK left in a shell (hand-written launch scripts export it) makes Lightning start no process
-        # but this one on the node and wait for the others to be started by hand.
-        if self.local_rank_given is None or not isinstance(self.cluster_environment, LightningEnvironment):
-            return ""
-        return (
-            f" Node {self.node_rank} was started with LOCAL_RANK={self.local_rank_given} in its environment, so"
-            " Lightning started no other process there and expected each to be started by hand: unset LOCAL_RANK"
-            " (and WORLD_SIZE, NODE_RANK) to have it start one process per device, or start them with"
-            " scripts/run_ddp_train.sh."
-        )
 
     def _liveness(self) -> Liveness:
         environment = self.cluster_environment

@@ -24,7 +24,6 @@ from torch.distributed import Store
 
 from training.heartbeat import why_stopped
 from training.heartbeat.heard import Hearing
-from training.heartbeat.stall import SAVING_A_CHECKPOINT, stalled
 from training.heartbeat.verdicts import Verdicts
 from training.job.forked import exit_at_once
 from training.job.node_processes import NodeProcesses, end_frozen_starter, end_later, speaks_for_node
@@ -248,21 +247,8 @@ class Liveness(Verdicts):
             if paragraph := self.verdict(self.peer_timeout.total_seconds(), self.why):
                 self.stop_job(paragraph)
             if self.stall_report:
-                self._check_stalls()
-
-    def _check_stalls(self) -> None:
-        """Name a process that has made no progress for stall_report once per stall in the node's log; stop the job
-        once a stalled one has made none for stall_timeout."""
-        beats = {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}
-        for rank, what in stalled(beats, self.stall_report.total_seconds()).items():
-            if self.reported.get(rank) != (beats[rank]["batches"], what):
-                self.reported[rank] = (beats[rank]["batches"], what)
-                if self._speaks():
-                    timeouts = self.stall_timeout, self.describe["collective_timeout"]
-                    print(f"\n{why_stopped.stall_report(beats[rank], what, *timeouts)}", file=sys.stderr, flush=True)
-        if not self.stall_timeout:
-            return
-        for rank, what in stalled(beats, self.stall_timeout.total_seconds()).items():
-            if what != SAVING_A_CHECKPOINT:
-                limit = f"stall_timeout ({self.stall_timeout})"
-                self.stop_job(why_stopped.stalled(beats[rank], what, limit, self._tail(None)))
+                reports, paragraph = self.stalls()
+                for report in reports if self._speaks() else []:
+                    print(f"\n{report}", file=sys.stderr, flush=True)
+                if paragraph:
+                    self.stop_job(paragraph)

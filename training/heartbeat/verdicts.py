@@ -1,7 +1,8 @@
 """What one process concludes from the heartbeats it has heard (training/heartbeat/heard.py) and from its own node's
 processes (training/job/node_processes.py): a peer or the store silent for too long, a peer that stopped the job or
-stopped with an error, a process of this node that ended; and the paragraph that says so
-(training/heartbeat/why_stopped.py). training/heartbeat/liveness.py sends and hears the heartbeats and stops the job.
+stopped with an error, a process of this node that ended, a process that makes no progress; and the paragraph that
+says so (training/heartbeat/why_stopped.py). training/heartbeat/liveness.py sends and hears the heartbeats and stops
+the job.
 """
 
 import time
@@ -33,6 +34,8 @@ class Verdicts:
     progress: Callable[[], tuple[int, int] | None]
     checkpoint: dict[str, Any] | None
     stall_report: timedelta
+    stall_timeout: timedelta
+    reported: dict[int, tuple[int, str]]  # a stalled process's rank -> its batches and what it was doing, once said
     trainer_fn: str  # the subcommand's Trainer function: fit, validate, test or predict
 
     def failed(self, error: BaseException) -> str | None:
@@ -51,12 +54,9 @@ class Verdicts:
         if not why_stopped.timed_out(error):
             return None
         timeout = self.describe["collective_timeout"]
-        beats = {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}
-        for rank, what in stalled(beats, self.stall_report.total_seconds() or timeout.total_seconds()).items():
-            if what != SAVING_A_CHECKPOINT:  # the process the collective waited for, named as a stall
-                limit = f"the collective timeout ({timeout})"
-                return why_stopped.stalled(beats[rank], what, limit, self._tail(None))
-        return why_stopped.collective_timeout(error, timeout, self._tail(None))
+        limit = f"the collective timeout ({timeout})"
+        stall = self._stall(self.stall_report.total_seconds() or timeout.total_seconds(), limit)  # what it waited for
+        return stall or why_stopped.collective_timeout(error, timeout, self._tail(None))
 
     def own_failure(self, error: BaseException, trainer: Any) -> str | None:
         """The paragraph for this process's own ``error`` in ``trainer``'s run where it is no bug: the run's directory
@@ -121,3 +121,29 @@ class Verdicts:
         checkpoint = self.checkpoint or (zero.beat.get("checkpoint") if zero else None)
         command, nodes = self.describe["command"], self.describe["nodes"]
         return why_stopped.tail(lost, self.progress(), checkpoint, command, self.trainer_fn, nodes)
+
+    def stalls(self) -> tuple[list[str], str | None]:
+        """The reports of the processes that have made no progress for stall_report, each said once per stall, and
+        the paragraph that stops the job once one of them has made none for stall_timeout (None: not yet)."""
+        beats = self._running()
+        reports = []
+        for rank, what in stalled(beats, self.stall_report.total_seconds()).items():
+            if self.reported.get(rank) != (beats[rank]["batches"], what):
+                self.reported[rank] = (beats[rank]["batches"], what)
+                timeouts = self.stall_timeout, self.describe["collective_timeout"]
+                reports.append(why_stopped.stall_report(beats[rank], what, *timeouts))
+        limit = f"stall_timeout ({self.stall_timeout})"
+        return reports, self._stall(self.stall_timeout.total_seconds(), limit) if self.stall_timeout else None
+
+    def _stall(self, seconds: float, limit: str) -> str | None:
+        """The paragraph that stops the job at ``limit`` for a process that has made no progress for ``seconds``
+        (saving a checkpoint aside), or None."""
+        beats = self._running()
+        for rank, what in stalled(beats, seconds).items():
+            if what != SAVING_A_CHECKPOINT:
+                return why_stopped.stalled(beats[rank], what, limit, self._tail(None))
+        return None
+
+    def _running(self) -> dict[int, dict[str, Any]]:
+        """The last heartbeat of each process heard running."""
+        return {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}

@@ -96,6 +96,20 @@ def refuse(store: Store, error: str, expected: int, timeout: timedelta) -> None:
         time.sleep(0.05)
 
 
+def started_outside_advice(node_rank: int, local_rank: str | None) -> str:
+    """What to do when the processes of node ``node_rank`` never all arrive because Lightning, given ``LOCAL_RANK``
+    (``local_rank``, None when unset), started only the one process and expected the others to be started by hand.
+    A LOCAL_RANK left in a shell does this: hand-written launch scripts export it."""
+    if local_rank is None:
+        return ""
+    return (
+        f" Node {node_rank} was started with LOCAL_RANK={local_rank} in its environment, so"
+        " Lightning started no other process there and expected each to be started by hand: unset LOCAL_RANK"
+        " (and WORLD_SIZE, NODE_RANK) to have it start one process per device, or start them with"
+        " scripts/run_ddp_train.sh."
+    )
+
+
 def _await_verdict(
     store: Store, me: Member, expected: int, timeout: timedelta, address: str, abandoned: Callable[[], str]
 ) -> None:
