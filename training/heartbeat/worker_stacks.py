@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from training.job.node_processes import DATA_WORKER
 from training.private_api import main_thread_stack
 
 ASK = signal.SIGURG
@@ -38,14 +39,14 @@ def answer() -> None:
 
 
 def data_workers() -> list[int]:
-    """The pids of this process's live DataLoader workers (torch names them pt_data_worker); one that has ended and
+    """The pids of this process's live DataLoader workers (by the name torch gives them); one that has ended and
     not been waited for yet could never answer."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, IndexError, ValueError):  # ended meanwhile
             name, fields = (entry / "stat").read_text().rsplit(")", 1)
             state, parent = fields.split()[:2]
-            if int(parent) == os.getpid() and name.endswith("(pt_data_worker") and state != "Z":
+            if int(parent) == os.getpid() and name.endswith(f"({DATA_WORKER}") and state != "Z":
                 found.append(int(entry.name))
     return found
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from training.job.early import STOP_SIGNALS, own_local_rank
 
+# The name torch gives each DataLoader worker's process (/proc/PID/comm; torch/utils/data/_utils/worker.py).
+DATA_WORKER = "pt_data_worker"
 # The pid of the process that started this one, for the processes Lightning starts (they inherit the environment).
 STARTED_BY = "DDP_STARTED_BY"
 POLL_SECONDS = 0.2
@@ -95,7 +97,7 @@ def running() -> dict[int, int]:
 
 
 def is_data_worker(proc: Path) -> bool:
-    return (proc / "comm").read_text().strip() == "pt_data_worker"
+    return (proc / "comm").read_text().strip() == DATA_WORKER
 
 
 def speaks_for_node() -> bool:
