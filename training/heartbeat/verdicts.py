@@ -145,5 +145,7 @@ class Verdicts:
         return None
 
     def _running(self) -> dict[int, dict[str, Any]]:
-        """The last heartbeat of each process heard running."""
-        return {rank: peer.beat for rank, peer in self.hearing.peers.items() if peer.beat.get("state") == "running"}
+        """The last heartbeat of each process heard running (from a copy: the heartbeat's thread adds the ranks)."""
+        return {
+            rank: peer.beat for rank, peer in dict(self.hearing.peers).items() if peer.beat.get("state") == "running"
+        }
