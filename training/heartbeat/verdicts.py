@@ -55,7 +55,8 @@ class Verdicts:
             return None
         timeout = self.describe["collective_timeout"]
         limit = f"the collective timeout ({timeout})"
-        stall = self._stall(self.stall_report.total_seconds() or timeout.total_seconds(), limit)  # what it waited for
+        seconds = self.stall_report.total_seconds() or timeout.total_seconds()
+        stall = self._stall(self._running(), seconds, limit)  # the process the collective waited for
         return stall or why_stopped.collective_timeout(error, timeout, self._tail(None))
 
     def own_failure(self, error: BaseException, trainer: Any) -> str | None:
@@ -133,12 +134,11 @@ class Verdicts:
                 timeouts = self.stall_timeout, self.describe["collective_timeout"]
                 reports.append(why_stopped.stall_report(beats[rank], what, *timeouts))
         limit = f"stall_timeout ({self.stall_timeout})"
-        return reports, self._stall(self.stall_timeout.total_seconds(), limit) if self.stall_timeout else None
+        return reports, self._stall(beats, self.stall_timeout.total_seconds(), limit) if self.stall_timeout else None
 
-    def _stall(self, seconds: float, limit: str) -> str | None:
-        """The paragraph that stops the job at ``limit`` for a process that has made no progress for ``seconds``
-        (saving a checkpoint aside), or None."""
-        beats = self._running()
+    def _stall(self, beats: dict[int, dict[str, Any]], seconds: float, limit: str) -> str | None:
+        """The paragraph that stops the job at ``limit`` for a process of ``beats`` (``_running``) that has made no
+        progress for ``seconds`` (saving a checkpoint aside), or None."""
         for rank, what in stalled(beats, seconds).items():
             if what != SAVING_A_CHECKPOINT:
                 return why_stopped.stalled(beats[rank], what, limit, self._tail(None))
